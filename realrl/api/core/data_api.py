@@ -1,0 +1,519 @@
+"""The data every part of realrl exchanges: packed, unpadded, variable-length batches.
+
+A ``SequenceSample`` holds ``bs`` samples. For each key, ``data[key]`` is one tensor whose first
+dimension packs every sequence of every sample back to back, and ``seqlens[key][i]`` lists the
+lengths of the sequences of sample ``i`` under that key (a reward pair has two, a prompt with K
+answers has K). How long a key is relative to its sample's tokens is declared in the ``KeySpec``
+registry, never hard-coded (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+
+from realrl.api.core.config import DatasetAbstraction
+from realrl.base import datapack, logging
+from realrl.base.registry import Registry
+
+logger = logging.getLogger("data_api")
+
+
+# ----------------------------------------------------------------------------- key specs
+
+
+class KeyKind(str, enum.Enum):
+    TOKEN = "token"  # one entry per token: length L
+    TOKEN_MINUS_ONE = "token_minus_one"  # one entry per next-token prediction: length L - 1
+    SEQUENCE = "sequence"  # one entry per sequence: length 1
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySpec:
+    """How a key's per-sequence length follows from the sequence's token count L."""
+
+    name: str
+    kind: KeyKind
+    dtype: torch.dtype
+    trailing_shape: tuple[int, ...] = ()
+
+    def length(self, n_tokens: int) -> int:
+        if self.kind is KeyKind.TOKEN:
+            return n_tokens
+        if self.kind is KeyKind.TOKEN_MINUS_ONE:
+            return max(n_tokens - 1, 0)
+        return 1
+
+
+_KEY_SPECS: Registry[KeySpec] = Registry("key spec")
+
+
+def register_key_spec(
+    name: str,
+    kind: KeyKind | str,
+    dtype: torch.dtype,
+    trailing_shape: tuple[int, ...] = (),
+) -> KeySpec:
+    """Declare a key's length rule so ``from_default`` and every consumer agree on it."""
+    spec = KeySpec(name, KeyKind(kind), dtype, tuple(trailing_shape))
+    return _KEY_SPECS.register(name, spec)
+
+
+def get_key_spec(name: str) -> KeySpec:
+    return _KEY_SPECS.get(name)
+
+
+def registered_keys() -> list[str]:
+    return _KEY_SPECS.names()
+
+
+for _name, _kind, _dtype in [
+    ("packed_prompts", KeyKind.TOKEN, torch.long),
+    ("packed_input_ids", KeyKind.TOKEN, torch.long),
+    ("prompt_mask", KeyKind.TOKEN, torch.bool),
+    ("values", KeyKind.TOKEN, torch.float32),
+    ("packed_logprobs", KeyKind.TOKEN_MINUS_ONE, torch.float32),
+    ("packed_ref_logprobs", KeyKind.TOKEN_MINUS_ONE, torch.float32),
+    ("advantages", KeyKind.TOKEN_MINUS_ONE, torch.float32),
+    ("returns", KeyKind.TOKEN_MINUS_ONE, torch.float32),
+    ("ppo_loss_mask", KeyKind.TOKEN_MINUS_ONE, torch.bool),
+    ("kl_rewards", KeyKind.TOKEN_MINUS_ONE, torch.float32),
+    ("rewards", KeyKind.SEQUENCE, torch.float32),
+    ("seq_no_eos_mask", KeyKind.SEQUENCE, torch.bool),
+]:
+    register_key_spec(_name, _kind, _dtype)
+
+
+# ----------------------------------------------------------------------------- micro-batches
+
+
+@dataclasses.dataclass
+class MicroBatchSpec:
+    """At least ``n_mbs`` token-balanced pieces, none over ``max_tokens_per_mb`` tokens
+    unless a single sample alone is larger."""
+
+    n_mbs: int = 1
+    max_tokens_per_mb: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_mbs < 1:
+            raise ValueError(f"MicroBatchSpec.n_mbs must be >= 1, got {self.n_mbs}")
+        if self.max_tokens_per_mb is not None and self.max_tokens_per_mb < 1:
+            raise ValueError(
+                f"MicroBatchSpec.max_tokens_per_mb must be >= 1 or None, got {self.max_tokens_per_mb}"
+            )
+
+
+# ----------------------------------------------------------------------------- SequenceSample
+
+
+def _as_int_lists(seqlens: dict[str, Sequence[Sequence[int]]]) -> dict[str, list[list[int]]]:
+    out = {}
+    for k, per_sample in seqlens.items():
+        rows = []
+        for i, lens in enumerate(per_sample):
+            if isinstance(lens, torch.Tensor):
+                lens = lens.tolist()
+            if isinstance(lens, int):
+                raise ValueError(
+                    f"seqlens[{k!r}][{i}] must be a list of ints (one per sequence), got {lens!r}"
+                )
+            row = [int(x) for x in lens]
+            if any(x < 0 for x in row):
+                raise ValueError(f"seqlens[{k!r}][{i}] has a negative length: {row}")
+            rows.append(row)
+        out[k] = rows
+    return out
+
+
+@dataclasses.dataclass
+class SequenceSample:
+    """A batch of ``bs`` samples, each with one or more packed sequences per key."""
+
+    keys: set[str]
+    trailing_shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, torch.dtype]
+    ids: list[Hashable]
+    seqlens: dict[str, list[list[int]]]
+    data: dict[str, torch.Tensor | None] | None = None
+    metadata: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.keys = set(self.keys)
+        self.ids = list(self.ids)
+        self.trailing_shapes = {k: tuple(v) for k, v in self.trailing_shapes.items()}
+        self.dtypes = dict(self.dtypes)
+        self.seqlens = _as_int_lists(self.seqlens)
+        self.metadata = {k: list(v) for k, v in (self.metadata or {}).items()}
+        self._validate()
+
+    # -- validation ------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        if len(set(self.ids)) != len(self.ids):
+            dup = sorted({str(i) for i in self.ids if self.ids.count(i) > 1})
+            raise ValueError(f"SequenceSample ids must be unique; repeated: {dup}")
+        for field in ("seqlens", "trailing_shapes", "dtypes"):
+            have = set(getattr(self, field))
+            if have != self.keys:
+                raise ValueError(
+                    f"SequenceSample.{field} keys {sorted(have)} differ from keys "
+                    f"{sorted(self.keys)} (missing: {sorted(self.keys - have)}, "
+                    f"extra: {sorted(have - self.keys)})"
+                )
+        for k in self.keys:
+            if len(self.seqlens[k]) != self.bs:
+                raise ValueError(
+                    f"key {k!r}: seqlens has {len(self.seqlens[k])} samples but there are {self.bs} ids"
+                )
+        for k, v in self.metadata.items():
+            if len(v) != self.bs:
+                raise ValueError(f"metadata {k!r} has {len(v)} entries but there are {self.bs} ids")
+        if self.data is None:
+            return
+        if set(self.data) != self.keys:
+            raise ValueError(
+                f"SequenceSample.data keys {sorted(self.data)} differ from keys {sorted(self.keys)}"
+            )
+        for k, t in self.data.items():
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"key {k!r}: data must be a torch.Tensor, got {type(t).__name__}")
+            total = sum(sum(x) for x in self.seqlens[k])
+            if t.shape[0] != total:
+                raise ValueError(f"key {k!r}: data has {t.shape[0]} rows but seqlens sum to {total}")
+            if tuple(t.shape[1:]) != self.trailing_shapes[k]:
+                raise ValueError(
+                    f"key {k!r}: trailing shape {tuple(t.shape[1:])} differs from declared "
+                    f"{self.trailing_shapes[k]}"
+                )
+            if t.dtype != self.dtypes[k]:
+                raise ValueError(f"key {k!r}: dtype {t.dtype} differs from declared {self.dtypes[k]}")
+
+    # -- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_default(
+        cls,
+        ids: Sequence[Hashable],
+        seqlens: Sequence[int | Sequence[int]],
+        data: dict[str, torch.Tensor],
+        metadata: dict[str, list[Any]] | None = None,
+    ) -> SequenceSample:
+        """Build from token counts: ``seqlens[i]`` is sample i's token length (or one length
+        per sequence of that sample); each key's lengths follow its registered ``KeySpec``."""
+        if len(seqlens) != len(ids):
+            raise ValueError(f"from_default: {len(seqlens)} seqlens for {len(ids)} ids")
+        per_seq = [[int(s)] if isinstance(s, int) else [int(x) for x in s] for s in seqlens]
+        lens: dict[str, list[list[int]]] = {}
+        for k in data:
+            if k not in _KEY_SPECS:
+                raise ValueError(
+                    f"from_default: key {k!r} has no KeySpec; declare it with "
+                    f"register_key_spec({k!r}, kind, dtype) (registered: {registered_keys()})"
+                )
+            spec = _KEY_SPECS.get(k)
+            lens[k] = [[spec.length(n) for n in row] for row in per_seq]
+        return cls(
+            keys=set(data),
+            trailing_shapes={k: tuple(v.shape[1:]) for k, v in data.items()},
+            dtypes={k: v.dtype for k, v in data.items()},
+            ids=list(ids),
+            seqlens=lens,
+            data=dict(data),
+            metadata=metadata or {},
+        )
+
+    @classmethod
+    def gather(cls, samples: Sequence[SequenceSample], keys: Sequence[str] | None = None):
+        """Concatenate samples (in order) into one batch over ``keys`` (default: the first's)."""
+        if not samples:
+            raise ValueError("gather needs at least one SequenceSample")
+        keys = set(samples[0].keys if keys is None else keys)
+        for j, s in enumerate(samples):
+            missing = keys - s.keys
+            if missing:
+                raise ValueError(f"gather: sample {j} (ids {s.ids[:3]}...) lacks keys {sorted(missing)}")
+            for k in keys:
+                if s.trailing_shapes[k] != samples[0].trailing_shapes[k]:
+                    raise ValueError(f"gather: key {k!r} has different trailing shapes across samples")
+                if s.dtypes[k] != samples[0].dtypes[k]:
+                    raise ValueError(f"gather: key {k!r} has different dtypes across samples")
+        meta_keys = set(samples[0].metadata)
+        for j, s in enumerate(samples):
+            if set(s.metadata) != meta_keys:
+                raise ValueError(
+                    f"gather: sample {j} has metadata keys {sorted(s.metadata)}, expected {sorted(meta_keys)}"
+                )
+        has_data = [s.data is not None for s in samples]
+        if any(has_data) and not all(has_data):
+            raise ValueError("gather: cannot mix metadata-only samples with samples holding data")
+        data = None
+        if all(has_data):
+            data = {}
+            for k in keys:
+                parts = [s.data[k] for s in samples]
+                if any(p is None for p in parts):
+                    if not all(p is None for p in parts):
+                        raise ValueError(f"gather: key {k!r} is None in some samples only")
+                    data[k] = None
+                else:
+                    data[k] = torch.cat(parts, dim=0)
+        return cls(
+            keys=keys,
+            trailing_shapes={k: samples[0].trailing_shapes[k] for k in keys},
+            dtypes={k: samples[0].dtypes[k] for k in keys},
+            ids=[i for s in samples for i in s.ids],
+            seqlens={k: [row for s in samples for row in s.seqlens[k]] for k in keys},
+            data=data,
+            metadata={m: [v for s in samples for v in s.metadata[m]] for m in meta_keys},
+        )
+
+    # -- views -------------------------------------------------------------------------------
+
+    @property
+    def bs(self) -> int:
+        return len(self.ids)
+
+    def sample_offsets(self, key: str) -> list[int]:
+        """Start row of each sample in ``data[key]``, plus the total at the end."""
+        offsets = [0]
+        for row in self.seqlens[key]:
+            offsets.append(offsets[-1] + sum(row))
+        return offsets
+
+    def flat_seqlens(self, key: str) -> list[int]:
+        """Lengths of every sequence of ``key`` in packing order."""
+        return [x for row in self.seqlens[key] for x in row]
+
+    def cu_seqlens(self, key: str) -> torch.Tensor:
+        """int32 cumulative sequence boundaries of ``key`` (flash-attn varlen layout)."""
+        lens = torch.tensor([0] + self.flat_seqlens(key), dtype=torch.int32)
+        return torch.cumsum(lens, dim=0, dtype=torch.int32)
+
+    def token_counts(self) -> list[int]:
+        """Tokens per sample: the largest total over keys (what a micro-batch budget counts)."""
+        return [max((sum(self.seqlens[k][i]) for k in self.keys), default=0) for i in range(self.bs)]
+
+    def _slice(self, start: int, end: int) -> SequenceSample:
+        data = None
+        if self.data is not None:
+            data = {}
+            for k, t in self.data.items():
+                if t is None:
+                    data[k] = None
+                    continue
+                off = self.sample_offsets(k)
+                data[k] = t[off[start] : off[end]]
+        return SequenceSample(
+            keys=set(self.keys),
+            trailing_shapes=dict(self.trailing_shapes),
+            dtypes=dict(self.dtypes),
+            ids=self.ids[start:end],
+            seqlens={k: [list(r) for r in v[start:end]] for k, v in self.seqlens.items()},
+            data=data,
+            metadata={k: v[start:end] for k, v in self.metadata.items()},
+        )
+
+    def unpack(self) -> list[SequenceSample]:
+        """One single-sample ``SequenceSample`` per id."""
+        return [self._slice(i, i + 1) for i in range(self.bs)]
+
+    def split_with_lengths(self, lens: Sequence[int]) -> list[SequenceSample]:
+        """Contiguous pieces of ``lens[j]`` samples each."""
+        if sum(lens) != self.bs or any(n <= 0 for n in lens):
+            raise ValueError(f"split_with_lengths: {list(lens)} must be positive and sum to {self.bs}")
+        pieces, start = [], 0
+        for n in lens:
+            pieces.append(self._slice(start, start + n))
+            start += n
+        return pieces
+
+    def split(self, mb_spec: MicroBatchSpec) -> list[SequenceSample]:
+        """Token-balanced contiguous pieces following ``mb_spec`` (see ``MicroBatchSpec``)."""
+        bounds = datapack.partition_under_budget(
+            self.token_counts(), mb_spec.n_mbs, mb_spec.max_tokens_per_mb
+        )
+        return [self._slice(s, e) for s, e in bounds]
+
+    def select(self, keys: Sequence[str]) -> SequenceSample:
+        """A sample with only ``keys`` (tensors are shared, not copied)."""
+        keys = set(keys)
+        missing = keys - self.keys
+        if missing:
+            raise ValueError(f"select: keys {sorted(missing)} not in {sorted(self.keys)}")
+        return SequenceSample(
+            keys=keys,
+            trailing_shapes={k: self.trailing_shapes[k] for k in keys},
+            dtypes={k: self.dtypes[k] for k in keys},
+            ids=list(self.ids),
+            seqlens={k: self.seqlens[k] for k in keys},
+            data=None if self.data is None else {k: self.data[k] for k in keys},
+            metadata=dict(self.metadata),
+        )
+
+    def update_(self, other: SequenceSample) -> None:
+        """Add (or overwrite) ``other``'s keys; both must hold the same ids in the same order."""
+        if other.ids != self.ids:
+            raise ValueError(f"update_: ids differ ({self.ids[:4]}... vs {other.ids[:4]}...)")
+        if (self.data is None) != (other.data is None):
+            raise ValueError("update_: cannot mix a metadata-only sample with one holding data")
+        self.keys |= other.keys
+        self.trailing_shapes.update(other.trailing_shapes)
+        self.dtypes.update(other.dtypes)
+        self.seqlens.update(other.seqlens)
+        if self.data is not None:
+            self.data.update(other.data)
+        self.metadata.update(other.metadata)
+        self._validate()
+
+    def remap_keys_(self, mapping: dict[str, str]) -> None:
+        """Rename keys in place: ``mapping[old] = new``."""
+        missing = set(mapping) - self.keys
+        if missing:
+            raise ValueError(f"remap_keys_: keys {sorted(missing)} not in {sorted(self.keys)}")
+        new_keys = {mapping.get(k, k) for k in self.keys}
+        if len(new_keys) != len(self.keys):
+            raise ValueError(f"remap_keys_: {mapping} maps two keys to one name")
+
+        def remap(d: dict) -> dict:
+            return {mapping.get(k, k): v for k, v in d.items()}
+
+        self.keys = new_keys
+        self.trailing_shapes = remap(self.trailing_shapes)
+        self.dtypes = remap(self.dtypes)
+        self.seqlens = remap(self.seqlens)
+        if self.data is not None:
+            self.data = remap(self.data)
+
+    def meta(self) -> SequenceSample:
+        """A copy without tensors: what the master worker holds."""
+        return SequenceSample(
+            keys=set(self.keys),
+            trailing_shapes=dict(self.trailing_shapes),
+            dtypes=dict(self.dtypes),
+            ids=list(self.ids),
+            seqlens={k: [list(r) for r in v] for k, v in self.seqlens.items()},
+            data=None,
+            metadata={k: list(v) for k, v in self.metadata.items()},
+        )
+
+    def to(self, device: torch.device | str) -> SequenceSample:
+        """Move every tensor to ``device`` (in place; returns self for chaining)."""
+        if self.data is not None:
+            self.data = {k: None if v is None else v.to(device) for k, v in self.data.items()}
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SequenceSample):
+            return NotImplemented
+        if (
+            self.keys != other.keys
+            or self.ids != other.ids
+            or self.seqlens != other.seqlens
+            or self.trailing_shapes != other.trailing_shapes
+            or self.dtypes != other.dtypes
+            or self.metadata != other.metadata
+            or (self.data is None) != (other.data is None)
+        ):
+            return False
+        if self.data is None:
+            return True
+        for k in self.keys:
+            a, b = self.data[k], other.data[k]
+            if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+                return False
+        return True
+
+
+# ----------------------------------------------------------------------------- datasets and tokenizers
+
+
+@dataclasses.dataclass
+class DatasetUtility:
+    """What every dataset constructor receives first: seed, its shard and the tokenizer."""
+
+    seed: int
+    dp_rank: int
+    world_size: int
+    tokenizer: Any
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.dp_rank < self.world_size:
+            raise ValueError(f"dp_rank {self.dp_rank} out of range for world_size {self.world_size}")
+
+
+_DATASETS: Registry[Callable[..., torch.utils.data.Dataset]] = Registry("dataset")
+
+
+def register_dataset(name: str, dataset_cls: Callable[..., torch.utils.data.Dataset]) -> None:
+    _DATASETS.register(name, dataset_cls)
+
+
+def registered_datasets() -> list[str]:
+    return _DATASETS.names()
+
+
+def make_dataset(
+    cfg: DatasetAbstraction | str,
+    seed: int,
+    dp_rank: int,
+    world_size: int,
+    tokenizer_or_tokenizer_name: Any,
+    **extra_args: Any,
+) -> torch.utils.data.Dataset:
+    """Construct a registered dataset: ``cls(util, **cfg.args)``."""
+    if isinstance(cfg, str):
+        cfg = DatasetAbstraction(cfg)
+    tokenizer = tokenizer_or_tokenizer_name
+    if isinstance(tokenizer, str):
+        tokenizer = load_hf_tokenizer(tokenizer)
+    util = DatasetUtility(seed, dp_rank, world_size, tokenizer)
+    try:
+        return _DATASETS.get(cfg.type_)(util, **cfg.args, **extra_args)
+    except TypeError as e:
+        raise TypeError(f"dataset {cfg.type_!r} rejected its arguments {sorted(cfg.args)}: {e}") from e
+
+
+def load_hf_tokenizer(
+    path: str,
+    fast: bool = True,
+    padding_side: str | None = None,
+    distinct_pad_token: bool = False,
+    pad_token: str = "<|pad|>",
+):
+    """Load a local Hugging Face tokenizer (never from a hub at run time).
+
+    Pad-token handling follows seed 002 general detail 2: realrl's batches are packed, so the
+    pad token is only used by padded collators. A tokenizer without one gets ``pad = eos`` with a
+    warning, or, with ``distinct_pad_token=True``, a new special token ``pad_token`` so a padded
+    batch can never confuse padding with a real EOS (the caller must resize the embeddings).
+    """
+    import transformers
+
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(
+            path, use_fast=fast, trust_remote_code=False, local_files_only=True
+        )
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load a tokenizer from {path!r}: {e}") from e
+    if padding_side is not None:
+        tok.padding_side = padding_side
+    if distinct_pad_token and (tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id):
+        tok.add_special_tokens({"pad_token": pad_token})
+    elif tok.pad_token_id is None:
+        if tok.eos_token is None:
+            raise ValueError(f"tokenizer at {path!r} has neither a pad nor an EOS token")
+        logger.warning(
+            "tokenizer at %s has no pad token; using EOS (%r) for padded batches. Pass "
+            "distinct_pad_token=True if you read rewards from padded batches.",
+            path,
+            tok.eos_token,
+        )
+        tok.pad_token = tok.eos_token
+    return tok

@@ -1,0 +1,287 @@
+"""Models, interfaces, backends and the registries that make them pluggable.
+
+An interface receives the model it runs on (dependency injection, seed 003): the model knows
+nothing of PPO, and PPO knows nothing of how the model is sharded or stepped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from realrl.api.core.config import (
+    ModelBackendAbstraction,
+    ModelInterfaceAbstraction,
+    ModelName,
+)
+from realrl.api.core.data_api import SequenceSample
+from realrl.base.registry import Registry
+
+# ----------------------------------------------------------------------------- model config
+
+
+@dataclasses.dataclass
+class ReaLModelConfig:
+    """Architecture of a decoder-only transformer, independent of any HF family's spelling."""
+
+    n_layers: int
+    n_q_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    intermediate_dim: int
+    vocab_size: int
+    head_dim: int | None = None
+    n_positions: int = 2048
+    layer_norm_type: Literal["rms", "layer"] = "rms"
+    layer_norm_epsilon: float = 1e-6
+    mlp_type: Literal["gated", "plain"] = "gated"
+    activation_function: str = "silu"
+    use_attention_bias: bool = False
+    use_attn_proj_bias: bool = False
+    use_mlp_bias: bool = False
+    qk_layernorm: bool = False
+    apply_rotary: bool = True
+    rotary_base: float = 10000.0
+    rotary_scaling: dict[str, Any] | None = None
+    abs_position_embedding: bool = False
+    tied_embedding: bool = False
+    sliding_window: int | None = None
+    embd_pdrop: float = 0.0
+    attn_pdrop: float = 0.0
+    resid_pdrop: float = 0.0
+    is_critic: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            if self.hidden_dim % self.n_q_heads:
+                raise ValueError(
+                    f"hidden_dim {self.hidden_dim} is not divisible by n_q_heads {self.n_q_heads}"
+                )
+            self.head_dim = self.hidden_dim // self.n_q_heads
+        if self.n_q_heads % self.n_kv_heads:
+            raise ValueError(f"n_q_heads {self.n_q_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+
+
+@dataclasses.dataclass
+class GenerationHyperparameters:
+    """Sampling settings (seed 002 general detail 4 and policy detail 1)."""
+
+    n: int = 1  # answers per prompt (GRPO groups)
+    max_new_tokens: int = 256
+    min_new_tokens: int = 0
+    greedy: bool = False
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    temperature: float = 1.0
+    fixed_length: bool = False  # always sample max_new_tokens (lm-human-preferences mode)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"GenerationHyperparameters.n must be >= 1, got {self.n}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens or self.max_new_tokens < 1:
+            raise ValueError(
+                "GenerationHyperparameters needs 0 <= min_new_tokens <= max_new_tokens and "
+                f"max_new_tokens >= 1, got {self.min_new_tokens}, {self.max_new_tokens}"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"GenerationHyperparameters.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"GenerationHyperparameters.top_k must be >= 0, got {self.top_k}")
+        if self.temperature <= 0:
+            raise ValueError(
+                f"GenerationHyperparameters.temperature must be > 0 (use greedy=True), got {self.temperature}"
+            )
+
+
+# ----------------------------------------------------------------------------- the model an interface sees
+
+
+@dataclasses.dataclass
+class ModelVersion:
+    epoch: int = 0
+    epoch_step: int = 0
+    global_step: int = 0
+
+
+@dataclasses.dataclass
+class FinetuneSpec:
+    """How long training runs: what LR schedules need to know."""
+
+    total_train_epochs: int
+    dataset_size: int
+    train_batch_size: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, -(-self.dataset_size // self.train_batch_size))
+
+    @property
+    def total_train_steps(self) -> int:
+        return self.total_train_epochs * self.steps_per_epoch
+
+
+@dataclasses.dataclass
+class Model:
+    """A named module (usually wrapped by an engine) with its tokenizer and version counter."""
+
+    name: ModelName
+    module: Any
+    tokenizer: Any
+    device: torch.device | str = "cpu"
+    dtype: torch.dtype | None = None
+    version: ModelVersion = dataclasses.field(default_factory=ModelVersion)
+    ft_spec: FinetuneSpec | None = None
+
+    def inc_version(self) -> None:
+        self.version.global_step += 1
+        self.version.epoch_step += 1
+
+
+class InterfaceMethodUnsupported(RuntimeError):
+    """An MFC asked an interface for a call type it does not offer."""
+
+
+class ModelInterface:
+    """What an MFC runs. Subclasses implement the calls that apply to their algorithm."""
+
+    def _unsupported(self, call: str):
+        return InterfaceMethodUnsupported(
+            f"interface {type(self).__name__} does not offer {call}(); check the MFC's interface_type"
+        )
+
+    def generate(self, model: Model, data: SequenceSample, mb_spec=None) -> SequenceSample:
+        raise self._unsupported("generate")
+
+    def inference(self, model: Model, data: SequenceSample, mb_spec=None) -> SequenceSample:
+        raise self._unsupported("inference")
+
+    def train_step(self, model: Model, data: SequenceSample, mb_spec=None) -> dict[str, float]:
+        raise self._unsupported("train_step")
+
+    def evaluate(self, model: Model, eval_dataloader) -> dict[str, float]:
+        return {}
+
+    def save(self, model: Model, save_dir: str) -> None:
+        return None
+
+
+# ----------------------------------------------------------------------------- registries
+
+_INTERFACES: Registry[Callable[..., ModelInterface]] = Registry("interface")
+_BACKENDS: Registry[Callable[..., Any]] = Registry("backend")
+_REWARD_FNS: Registry[Callable[..., list[float]]] = Registry("reward function")
+
+
+def register_interface(name: str, cls: Callable[..., ModelInterface]) -> None:
+    _INTERFACES.register(name, cls)
+
+
+def make_interface(cfg: ModelInterfaceAbstraction | str) -> ModelInterface:
+    if isinstance(cfg, str):
+        cfg = ModelInterfaceAbstraction(cfg)
+    return _INTERFACES.get(cfg.type_)(**cfg.args)
+
+
+def registered_interfaces() -> list[str]:
+    return _INTERFACES.names()
+
+
+def register_backend(name: str, cls: Callable[..., Any]) -> None:
+    _BACKENDS.register(name, cls)
+
+
+def make_backend(cfg: ModelBackendAbstraction | str) -> Any:
+    if isinstance(cfg, str):
+        cfg = ModelBackendAbstraction(cfg)
+    return _BACKENDS.get(cfg.type_)(**cfg.args)
+
+
+def registered_backends() -> list[str]:
+    return _BACKENDS.names()
+
+
+def register_reward_fn(name: str, fn: Callable[..., list[float]]) -> None:
+    """``fn(prompts: list[str], completions: list[str], **metadata) -> list[float]``."""
+    if not callable(fn):
+        raise ValueError(f"reward function {name!r} must be callable, got {fn!r}")
+    _REWARD_FNS.register(name, fn)
+
+
+def get_reward_fn(name: str) -> Callable[..., list[float]]:
+    return _REWARD_FNS.get(name)
+
+
+def registered_reward_fns() -> list[str]:
+    return _REWARD_FNS.names()
+
+
+@dataclasses.dataclass(frozen=True)
+class HFFamily:
+    """How one Hugging Face architecture converts to and from ReaLModel (seed 003).
+
+    The state-dict converters must accept any subset of parameters so that a shard of a model
+    can be loaded alone.
+    """
+
+    name: str
+    hf_model_types: tuple[str, ...]
+    config_from_hf: Callable[[Any], ReaLModelConfig]
+    config_to_hf: Callable[[ReaLModelConfig], Any]
+    sd_from_hf: Callable[[dict[str, torch.Tensor], ReaLModelConfig], dict[str, torch.Tensor]]
+    sd_to_hf: Callable[[dict[str, torch.Tensor], ReaLModelConfig], dict[str, torch.Tensor]]
+    embedding_param_names: Callable[[ReaLModelConfig], list[str]]
+    tblock_param_names: Callable[[ReaLModelConfig, int], list[str]]
+    head_param_names: Callable[[ReaLModelConfig], list[str]]
+
+
+_HF_FAMILIES: Registry[HFFamily] = Registry("HF model family")
+
+
+def register_hf_family(
+    name: str,
+    hf_model_types: str | tuple[str, ...],
+    config_from_hf: Callable,
+    config_to_hf: Callable,
+    sd_from_hf: Callable,
+    sd_to_hf: Callable,
+    embedding_param_names: Callable,
+    tblock_param_names: Callable,
+    head_param_names: Callable,
+) -> HFFamily:
+    types = (hf_model_types,) if isinstance(hf_model_types, str) else tuple(hf_model_types)
+    family = HFFamily(
+        name,
+        types,
+        config_from_hf,
+        config_to_hf,
+        sd_from_hf,
+        sd_to_hf,
+        embedding_param_names,
+        tblock_param_names,
+        head_param_names,
+    )
+    return _HF_FAMILIES.register(name, family)
+
+
+def get_hf_family(name: str) -> HFFamily:
+    return _HF_FAMILIES.get(name)
+
+
+def hf_family_for_model_type(model_type: str) -> HFFamily:
+    """The family registered for a ``config.json`` ``model_type`` (e.g. "llama")."""
+    for fam_name in _HF_FAMILIES.names():
+        fam = _HF_FAMILIES.get(fam_name)
+        if model_type in fam.hf_model_types:
+            return fam
+    known = sorted(t for n in _HF_FAMILIES.names() for t in _HF_FAMILIES.get(n).hf_model_types)
+    raise LookupError(f"no HF family handles model_type {model_type!r}; supported: {known}")
+
+
+def registered_hf_families() -> list[str]:
+    return _HF_FAMILIES.names()

@@ -1,0 +1,1 @@
+"""Layer 0: utilities with no knowledge of models or algorithms."""

@@ -1,0 +1,1 @@
+"""Layer 2: implementations. Importing this package registers them by name."""

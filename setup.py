@@ -1,0 +1,32 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="realrl",
+    version="0.1.0",
+    description="Dataflow-graph, distributed RLHF (SFT, reward modeling, DPO, PPO, GRPO) over packed batches",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["realrl", "realrl.*"]),
+    package_data={"realrl": ["**/*.json", "**/*.txt"]},
+    install_requires=[
+        # torch: install the build for your machine first (README); any >= 2.4 works.
+        "torch>=2.4",
+        "transformers>=4.45",
+        "ray>=2.9",
+        "pyzmq>=25",
+        "hydra-core>=1.3",
+        "safetensors>=0.4",
+        "tokenizers>=0.19",
+        "numpy>=1.24",
+        "networkx>=3.0",
+        "tqdm>=4.60",
+        "matplotlib>=3.7",
+        "datasets>=2.18",
+    ],
+    extras_require={
+        "gpu": ["flash-attn>=2.5"],
+        "test": ["pytest>=7.4", "pytest-timeout>=2.2", "hypothesis>=6.90", "ruff>=0.5"],
+        "bench": ["trl>=0.12", "psutil>=5.9"],
+    },
+)
