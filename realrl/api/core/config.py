@@ -94,3 +94,8 @@ class ModelInterfaceAbstraction(_Abstraction):
 @dataclasses.dataclass
 class ModelBackendAbstraction(_Abstraction):
     pass
+
+
+@dataclasses.dataclass
+class ModelAbstraction(_Abstraction):
+    """How to build a model: a ``register_model`` name (e.g. "real_model") and its arguments."""

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from realrl.api.core.config import (
+    ModelAbstraction,
     ModelBackendAbstraction,
     ModelInterfaceAbstraction,
     ModelName,
@@ -99,6 +100,30 @@ class GenerationHyperparameters:
             )
 
 
+@dataclasses.dataclass
+class GenerationOutput:
+    """What generation returns, packed with no padding; sequences are prompt-major (the ``n``
+    answers of prompt 0, then those of prompt 1, ...).
+
+    ``logprobs`` follows the ``packed_logprobs`` alignment: one entry per token minus one per
+    sequence, element j = log pi(token j+1 | tokens <= j) from logits / temperature, 0 where
+    token j+1 is a prompt token.
+    """
+
+    sequences: torch.Tensor  # long [sum L]
+    seqlens: list[int]  # L per sequence (prompt + response)
+    prompt_lens: list[int]  # prompt length per sequence
+    logprobs: torch.Tensor  # float [sum (L - 1)]
+    no_eos: torch.Tensor  # bool [n_sequences]: the response hit max_new_tokens without EOS
+
+    def prompt_mask(self) -> torch.Tensor:
+        """bool [sum L]: True on prompt tokens."""
+        parts = [
+            torch.arange(L, device=self.sequences.device) < p for L, p in zip(self.seqlens, self.prompt_lens)
+        ]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
+
+
 # ----------------------------------------------------------------------------- the model an interface sees
 
 
@@ -173,9 +198,27 @@ class ModelInterface:
 
 # ----------------------------------------------------------------------------- registries
 
+_MODELS: Registry[Callable[..., Model]] = Registry("model")
 _INTERFACES: Registry[Callable[..., ModelInterface]] = Registry("interface")
 _BACKENDS: Registry[Callable[..., Any]] = Registry("backend")
 _REWARD_FNS: Registry[Callable[..., list[float]]] = Registry("reward function")
+
+
+def register_model(name: str, factory: Callable[..., Model]) -> None:
+    """``factory(name: ModelName, device, **args) -> Model``."""
+    _MODELS.register(name, factory)
+
+
+def make_model(
+    cfg: ModelAbstraction | str, name: ModelName | str, device: torch.device | str = "cpu"
+) -> Model:
+    if isinstance(cfg, str):
+        cfg = ModelAbstraction(cfg)
+    return _MODELS.get(cfg.type_)(ModelName.parse(name), device, **cfg.args)
+
+
+def registered_models() -> list[str]:
+    return _MODELS.names()
 
 
 def register_interface(name: str, cls: Callable[..., ModelInterface]) -> None:
@@ -193,6 +236,8 @@ def registered_interfaces() -> list[str]:
 
 
 def register_backend(name: str, cls: Callable[..., Any]) -> None:
+    """``cls(**args).initialize(model: Model, ft_spec: FinetuneSpec) -> Model`` wraps the
+    model's module into an engine (train, inference, or null)."""
     _BACKENDS.register(name, cls)
 
 
