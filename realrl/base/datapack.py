@@ -10,15 +10,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def _pieces_needed(nums: Sequence[int], cap: int) -> int:
-    """Greedy count of contiguous pieces with sums <= cap (cap >= max(nums))."""
-    pieces, acc = 1, 0
-    for x in nums:
-        if acc + x > cap:
-            pieces, acc = pieces + 1, x
+def _greedy_bounds(nums: Sequence[int], cap: int, k: int | None = None) -> list[tuple[int, int]]:
+    """Left-to-right pieces with sums <= ``cap``; an item larger than ``cap`` stands alone.
+
+    With ``k``, extra cuts are made late (when the remaining items are exactly enough to give one
+    to every missing piece) so that exactly ``k`` pieces come out; cutting never raises a sum.
+    """
+    n = len(nums)
+    bounds: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for i, x in enumerate(nums):
+        forced = k is not None and n - i == k - len(bounds) - 1
+        if i > start and (acc + x > cap or forced):
+            bounds.append((start, i))
+            start, acc = i, 0
+        acc += x
+    bounds.append((start, n))
+    return bounds
+
+
+def _smallest_cap(nums: Sequence[int], k: int, hi: int) -> int:
+    """Smallest cap in [0, hi] whose greedy partition needs at most ``k`` pieces."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(_greedy_bounds(nums, mid)) <= k:
+            hi = mid
         else:
-            acc += x
-    return pieces
+            lo = mid + 1
+    return lo
 
 
 def partition_balanced(nums: Sequence[int], k: int) -> list[tuple[int, int]]:
@@ -31,34 +51,14 @@ def partition_balanced(nums: Sequence[int], k: int) -> list[tuple[int, int]]:
         raise ValueError(f"cannot split {n} items into {k} non-empty pieces")
     if any(x < 0 for x in nums):
         raise ValueError("partition_balanced needs non-negative sizes")
-    lo, hi = max(nums), sum(nums)
-    while lo < hi:  # smallest cap that needs at most k pieces
-        mid = (lo + hi) // 2
-        if _pieces_needed(nums, mid) <= k:
-            hi = mid
-        else:
-            lo = mid + 1
-    cap = lo
-    # Greedy with the optimal cap, then make sure exactly k pieces exist by cutting late
-    # pieces while items remain (cutting never raises the maximum).
-    bounds: list[tuple[int, int]] = []
-    start, acc = 0, 0
-    for i, x in enumerate(nums):
-        remaining_items = n - i
-        remaining_pieces = k - len(bounds) - 1
-        if i > start and (acc + x > cap or remaining_items == remaining_pieces):
-            bounds.append((start, i))
-            start, acc = i, 0
-        acc += x
-    bounds.append((start, n))
-    assert len(bounds) == k, (bounds, k)
-    return bounds
+    return _greedy_bounds(nums, _smallest_cap(nums, k, sum(nums)), k)
 
 
 def partition_under_budget(
     nums: Sequence[int], min_pieces: int = 1, max_per_piece: int | None = None
 ) -> list[tuple[int, int]]:
-    """Fewest contiguous balanced pieces (at least ``min_pieces``) with sums <= ``max_per_piece``.
+    """Fewest contiguous pieces (at least ``min_pieces``) with sums <= ``max_per_piece``,
+    balanced by their largest sum.
 
     A single item larger than the budget gets a piece of its own. ``min_pieces`` is capped by
     the number of items because pieces are never empty.
@@ -66,17 +66,16 @@ def partition_under_budget(
     n = len(nums)
     if n == 0:
         raise ValueError("cannot partition an empty sequence")
+    if any(x < 0 for x in nums):
+        raise ValueError("partition_under_budget needs non-negative sizes")
     k = max(1, min(min_pieces, n))
     if max_per_piece is None:
         return partition_balanced(nums, k)
     if max_per_piece <= 0:
         raise ValueError(f"max_per_piece must be positive, got {max_per_piece}")
-    k = max(k, min(n, -(-sum(nums) // max_per_piece)))
-    while True:
-        bounds = partition_balanced(nums, k)
-        if all(e - s == 1 or sum(nums[s:e]) <= max_per_piece for s, e in bounds):
-            return bounds
-        k += 1
+    # Greedy under the budget gives the fewest valid pieces; then balance with a smaller cap.
+    k = max(k, len(_greedy_bounds(nums, max_per_piece)))
+    return _greedy_bounds(nums, _smallest_cap(nums, k, max_per_piece), k)
 
 
 def ffd_allocate(sizes: Sequence[int], capacity: int) -> list[list[int]]:
