@@ -1,1 +1,3 @@
 """Layer 2: implementations. Importing this package registers them by name."""
+
+import realrl.impl.model.backend  # noqa: E402, F401  (train / inference / null backends)

@@ -1,0 +1,143 @@
+"""Atomic training checkpoints: HF-format weights plus everything needed to resume exactly.
+
+Layout of ``<dir>``:
+  config.json, model.safetensors ...  the module's ``save_pretrained`` output (loads with HF), or
+  model.safetensors                   the state dict when the module has no ``save_pretrained``
+  engine_state.pt                     optimizer, LR scheduler and grad-scaler state
+  rng_state_rank{r}.pt                python / numpy / torch (and CUDA) RNG of data-parallel rank r
+  extra_state_rank{r}.pt              what the caller passed (data position, model version, ...)
+
+Everything is written into ``<dir>.tmp`` and renamed onto ``<dir>`` only once every rank has
+finished writing, so a crash never leaves a half-written checkpoint under the final name (DESIGN
+§7). With data parallelism all ranks must see one file system.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+import torch.distributed as dist
+
+from realrl.base import logging
+from realrl.impl.model.backend import dp
+
+logger = logging.getLogger("checkpoint")
+
+ENGINE_STATE = "engine_state.pt"
+WEIGHTS = "model.safetensors"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_module_weights(module: torch.nn.Module, path: str) -> None:
+    """HF format through ``module.save_pretrained`` when available, else a safetensors state dict."""
+    os.makedirs(path, exist_ok=True)
+    if hasattr(module, "save_pretrained"):
+        module.save_pretrained(path)
+    else:
+        safetensors.torch.save_model(module, os.path.join(path, WEIGHTS))
+
+
+def load_module_weights(module: torch.nn.Module, path: str) -> None:
+    """Load weights written by ``save_module_weights`` into ``module`` in place."""
+    if hasattr(module, "save_pretrained") and hasattr(type(module), "from_pretrained"):
+        cfg = getattr(module, "config", None)
+        kwargs = {"is_critic": cfg.is_critic} if hasattr(cfg, "is_critic") else {}
+        loaded = type(module).from_pretrained(path, **kwargs)
+        module.load_state_dict(loaded.state_dict(), strict=True)
+        return
+    file = os.path.join(path, WEIGHTS)
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"checkpoint {path!r} has no {WEIGHTS}")
+    safetensors.torch.load_model(module, file, strict=True, device=str(next(module.parameters()).device))
+
+
+def _write_rank_files(path: str, rank: int, extra_state: Any) -> None:
+    torch.save(rng_state(), os.path.join(path, f"rng_state_rank{rank}.pt"))
+    torch.save(extra_state, os.path.join(path, f"extra_state_rank{rank}.pt"))
+
+
+def save_checkpoint(
+    path: str,
+    module: torch.nn.Module,
+    engine_state: dict[str, Any],
+    extra_state: Any = None,
+    group: dist.ProcessGroup | None = None,
+) -> None:
+    """Write a checkpoint to ``path`` atomically (see the module docstring). Collective over ``group``."""
+    path = os.path.abspath(path)
+    tmp, old = path + ".tmp", path + ".old"
+    r, n = dp.rank(group), dp.world_size(group)
+    if r == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dp.barrier(group)
+    ok = 1.0
+    try:
+        if r == 0:
+            save_module_weights(module, tmp)
+            torch.save(engine_state, os.path.join(tmp, ENGINE_STATE))
+        _write_rank_files(tmp, r, extra_state)
+    except BaseException:
+        ok = 0.0
+        if n == 1:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        logger.exception("rank %d failed writing checkpoint %s", r, path)
+    if dp.all_reduce_sum(ok, group) < n:
+        if r == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"saving checkpoint {path!r} failed on at least one rank; nothing was written")
+    if r == 0:
+        if os.path.exists(path):
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    dp.barrier(group)
+
+
+def load_checkpoint(
+    path: str, module: torch.nn.Module, group: dist.ProcessGroup | None = None
+) -> tuple[dict[str, Any], Any]:
+    """Load weights and this rank's RNG; return ``(engine_state, extra_state)``."""
+    path = os.path.abspath(path)
+    if not os.path.isdir(path) and os.path.isdir(path + ".old"):
+        # A crash between the two renames of save_checkpoint: the previous checkpoint is intact.
+        logger.warning("checkpoint %s missing; resuming from the previous one at %s.old", path, path)
+        path = path + ".old"
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}")
+    state_file = os.path.join(path, ENGINE_STATE)
+    if not os.path.exists(state_file):
+        raise FileNotFoundError(f"{path!r} holds no {ENGINE_STATE}: it is not a training checkpoint")
+    load_module_weights(module, path)
+    engine_state = torch.load(state_file, map_location="cpu", weights_only=False)
+    r = dp.rank(group)
+    rng_file = os.path.join(path, f"rng_state_rank{r}.pt")
+    if os.path.exists(rng_file):
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    else:
+        logger.warning("checkpoint %s has no RNG state for rank %d; RNG not restored", path, r)
+    extra_file = os.path.join(path, f"extra_state_rank{r}.pt")
+    extra = torch.load(extra_file, weights_only=False) if os.path.exists(extra_file) else None
+    return engine_state, extra

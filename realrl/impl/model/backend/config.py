@@ -1,0 +1,100 @@
+"""Configuration of the train and inference engines (plain dataclasses, hydra-friendly)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import torch
+
+SCHEDULER_TYPES = ("constant", "linear", "cosine")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """AdamW with decoupled weight decay, gradient clipping and an LR schedule.
+
+    ``tf_style_eps`` switches to TensorFlow's Adam update, where epsilon is added to the raw
+    ``sqrt(v_t)`` instead of the bias-corrected one (seed 002, "PyTorch Adam optimizer numerical
+    issues"). ``min_lr_ratio=0`` with a ``linear`` schedule anneals the LR to zero as
+    lm-human-preferences does (seed 002, general detail 5).
+    """
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-5
+    tf_style_eps: bool = False
+    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps_proportion: float = 0.0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        if self.lr < 0:
+            raise ValueError(f"OptimizerConfig.lr must be >= 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"OptimizerConfig.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.eps <= 0:
+            raise ValueError(f"OptimizerConfig.eps must be > 0, got {self.eps}")
+        if self.lr_scheduler_type not in SCHEDULER_TYPES:
+            raise ValueError(
+                f"OptimizerConfig.lr_scheduler_type must be one of {SCHEDULER_TYPES}, "
+                f"got {self.lr_scheduler_type!r}"
+            )
+        if not 0.0 <= self.warmup_steps_proportion <= 1.0:
+            raise ValueError(
+                f"OptimizerConfig.warmup_steps_proportion must be in [0, 1], got {self.warmup_steps_proportion}"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"OptimizerConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    """How an engine runs its module.
+
+    ``dtype``: "auto" is fp32 on CPU and bf16 on CUDA. The train engine keeps fp32 parameters
+    and optimizer state and runs forward/backward under ``torch.autocast`` in the low precision
+    (fp16 adds a dynamic loss scaler); the inference engine casts its module to the dtype.
+    ``disable_dropout``: RL policies train without dropout (seed 002, policy detail 4), so that
+    log-probs computed at inference and at training time agree.
+    ``gradient_checkpointing``: recompute activations in backward; needs a module that offers
+    ``gradient_checkpointing_enable()``.
+    """
+
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    disable_dropout: bool = True
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(
+                f"EngineConfig.dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}"
+            )
+
+    def resolve_dtype(self, device: torch.device | str) -> torch.dtype:
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def coerce(cls: type, value: Any, what: str) -> Any:
+    """Accept a config dataclass, a dict of its fields (from a YAML/hydra config) or None."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(value) - names
+        if unknown:
+            raise ValueError(
+                f"{what}: unknown {cls.__name__} fields {sorted(unknown)}; known: {sorted(names)}"
+            )
+        return cls(**value)
+    raise ValueError(f"{what} must be a {cls.__name__} or a dict, got {type(value).__name__}")

@@ -1,0 +1,168 @@
+"""The inference engine: runs a packed module over a ``SequenceSample`` in micro-batches.
+
+The module contract (ReaLModel's): ``module(input_ids: LongTensor[T], cu_seqlens: int32[B+1])``
+returns logits ``[T, V]`` (a critic: ``[T]``), and ``module.generate(input_ids, cu_seqlens,
+gconfig, eos_token_id)`` returns a ``GenerationOutput``. A micro-batch's forward runs over all
+sequences of all its samples packed back to back, so outputs come out in sample order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
+from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
+from realrl.impl.model.backend.checkpoint import save_module_weights
+from realrl.impl.model.backend.config import EngineConfig
+
+INPUT_KEY = "packed_input_ids"
+PROMPT_KEY = "packed_prompts"
+PDROP_FIELDS = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
+
+
+def disable_dropout(module: torch.nn.Module) -> int:
+    """Zero every dropout probability the module exposes (seed 002, policy detail 4).
+
+    Covers ``nn.Dropout``-style submodules and the ``*_pdrop`` fields of a ReaLModelConfig held
+    as ``module.config``. Returns how many settings were changed.
+    """
+    changed = 0
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p != 0.0:
+            m.p = 0.0
+            changed += 1
+    cfg = getattr(module, "config", None)
+    for field in PDROP_FIELDS:
+        if cfg is not None and getattr(cfg, field, 0.0):
+            setattr(cfg, field, 0.0)
+            changed += 1
+    return changed
+
+
+def concat_generation_outputs(outs: list[GenerationOutput]) -> GenerationOutput:
+    """Micro-batch outputs back to back: prompt-major order is kept because pieces are contiguous."""
+    return GenerationOutput(
+        sequences=torch.cat([o.sequences for o in outs]),
+        seqlens=[x for o in outs for x in o.seqlens],
+        prompt_lens=[x for o in outs for x in o.prompt_lens],
+        logprobs=torch.cat([o.logprobs for o in outs]),
+        no_eos=torch.cat([o.no_eos for o in outs]),
+    )
+
+
+class InferenceEngine:
+    """Forward and generation without gradients, in eval mode, micro-batch by micro-batch.
+
+    Mixed precision: the module is cast to ``EngineConfig.dtype`` ("auto": fp32 on CPU, bf16 on
+    CUDA); the train engine overrides this to keep fp32 master weights and use autocast.
+    """
+
+    casts_module = True
+
+    def __init__(
+        self, module: torch.nn.Module, config: EngineConfig | None = None, device: torch.device | str = "cpu"
+    ) -> None:
+        self.module = module
+        self.config = config or EngineConfig()
+        self.device = torch.device(device)
+        self.dtype = self.config.resolve_dtype(self.device)
+        if self.config.disable_dropout:
+            disable_dropout(module)
+        module.to(self.device)
+        if self.casts_module:
+            module.to(self.dtype)
+
+    # -- modes ------------------------------------------------------------------------------
+
+    def eval(self) -> InferenceEngine:
+        self.module.eval()
+        return self
+
+    def train(self, mode: bool = True) -> InferenceEngine:
+        self.module.train(mode)
+        return self
+
+    @contextlib.contextmanager
+    def _mode(self, training: bool) -> Iterator[None]:
+        """Run in train or eval mode and restore the caller's mode afterwards."""
+        before = self.module.training
+        self.module.train(training)
+        try:
+            yield
+        finally:
+            self.module.train(before)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.casts_module or self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def _require(self, input_: SequenceSample, key: str, call: str) -> None:
+        if input_.data is None:
+            raise ValueError(
+                f"{type(self).__name__}.{call}: the input is metadata only (ids {input_.ids[:4]}...)"
+            )
+        if key not in input_.keys or input_.data[key] is None:
+            raise ValueError(
+                f"{type(self).__name__}.{call}: input lacks key {key!r} (has {sorted(input_.keys)})"
+            )
+
+    def packed_forward(self, mb: SequenceSample, key: str = INPUT_KEY) -> torch.Tensor:
+        """The module's output on ``mb[key]``, all sequences of all samples packed."""
+        input_ids = mb.data[key].to(self.device)
+        cu_seqlens = mb.cu_seqlens(key).to(self.device)
+        with self._autocast():
+            return self.module(input_ids, cu_seqlens)
+
+    def split(self, input_: SequenceSample, mb_spec: MicroBatchSpec | None) -> list[SequenceSample]:
+        return input_.split(mb_spec or MicroBatchSpec())
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_: SequenceSample,
+        mb_spec: MicroBatchSpec | None = None,
+        post_hook: Callable[[torch.Tensor, SequenceSample], Any] | None = None,
+        aggregate_fn: Callable[[list[Any]], Any] = torch.cat,
+    ) -> Any:
+        """``aggregate_fn`` over the per-micro-batch results in sample order; each result is the
+        module output on the micro-batch, or ``post_hook(output, mb)`` when given."""
+        self._require(input_, INPUT_KEY, "forward")
+        results = []
+        with self._mode(training=False):
+            for mb in self.split(input_, mb_spec):
+                out = self.packed_forward(mb)
+                results.append(post_hook(out, mb) if post_hook is not None else out)
+        return aggregate_fn(results)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_: SequenceSample,
+        mb_spec: MicroBatchSpec | None,
+        tokenizer: Any,
+        gconfig: GenerationHyperparameters,
+    ) -> GenerationOutput:
+        """Generate from ``packed_prompts``; outputs are prompt-major across micro-batches."""
+        self._require(input_, PROMPT_KEY, "generate")
+        if not hasattr(self.module, "generate"):
+            raise TypeError(f"{type(self.module).__name__} has no generate(); it cannot serve generate MFCs")
+        eos = getattr(tokenizer, "eos_token_id", None)
+        outs = []
+        with self._mode(training=False):
+            for mb in self.split(input_, mb_spec):
+                prompts = mb.data[PROMPT_KEY].to(self.device)
+                cu_seqlens = mb.cu_seqlens(PROMPT_KEY).to(self.device)
+                with self._autocast():
+                    outs.append(self.module.generate(prompts, cu_seqlens, gconfig, eos_token_id=eos))
+        return concat_generation_outputs(outs)
+
+    def save_pretrained(self, path: str) -> None:
+        """Export the module's weights (HF format when the module offers ``save_pretrained``)."""
+        save_module_weights(self.module, path)

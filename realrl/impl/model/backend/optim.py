@@ -1,0 +1,93 @@
+"""AdamW (PyTorch- or TensorFlow-style epsilon) and the optimizer factory.
+
+Seed 002, "PyTorch Adam optimizer numerical issues w.r.t RLHF", gives both update rules:
+
+    pytorch:     theta -= lr / (1 - b1^t) * m_t / (sqrt(v_t) / sqrt(1 - b2^t) + eps)
+    tensorflow:  theta -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m_t / (sqrt(v_t) + eps)
+
+Rewritten over the raw moments, PyTorch's effective epsilon is ``eps * sqrt(1 - b2^t)``, which is
+much smaller than TensorFlow's ``eps`` in early steps, so early PyTorch updates are larger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from realrl.impl.model.backend.config import OptimizerConfig
+
+
+class AdamW(torch.optim.Optimizer):
+    """Adam with decoupled weight decay, written out so the epsilon rule is visible."""
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        tf_style_eps: bool = False,
+    ) -> None:
+        defaults = dict(
+            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, tf_style_eps=tf_style_eps
+        )
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = int(state["step"].item())
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+
+                p.mul_(1 - lr * group["weight_decay"])  # decoupled weight decay (AdamW)
+                m.lerp_(p.grad, 1 - beta1)  # m_t = b1 m_{t-1} + (1 - b1) g
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)  # v_t = b2 v_{t-1} + (1 - b2) g^2
+                bias_correction1 = 1 - beta1**t
+                bias_correction2 = 1 - beta2**t
+                if group["tf_style_eps"]:
+                    lr_t = lr * math.sqrt(bias_correction2) / bias_correction1
+                    denom = v.sqrt().add_(eps)
+                    p.addcdiv_(m, denom, value=-lr_t)
+                else:
+                    step_size = lr / bias_correction1
+                    denom = (v.sqrt() / math.sqrt(bias_correction2)).add_(eps)
+                    p.addcdiv_(m, denom, value=-step_size)
+        return loss
+
+
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only: biases and norm gains (1-D parameters) are not decayed."""
+    decay, no_decay = [], []
+    for p in module.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(module: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """PyTorch-style epsilon uses ``torch.optim.AdamW`` (foreach/fused kernels); the
+    TensorFlow-style epsilon uses ``AdamW`` above."""
+    groups = param_groups(module, cfg.weight_decay)
+    if not groups:
+        raise ValueError(f"{type(module).__name__} has no trainable parameters to optimize")
+    if cfg.tf_style_eps:
+        return AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, tf_style_eps=True)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)

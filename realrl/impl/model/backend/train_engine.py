@@ -1,0 +1,188 @@
+"""The train engine: token-normalised gradient accumulation, data parallelism, one update per call.
+
+Loss contract (interfaces write their losses against it):
+
+    loss_fn(output: Tensor, mb: SequenceSample) -> (loss: Tensor, stats: dict[str, float])
+        ``output`` is the module's forward output on ``mb["packed_input_ids"]`` (all sequences of
+        all samples packed, cu_seqlens from their lengths); ``loss`` is the MEAN over the
+        micro-batch's own weight units (e.g. its loss tokens).
+    loss_weight_fn(mb: SequenceSample) -> float
+        how many weight units the micro-batch holds (e.g. its number of loss tokens).
+
+With ``W`` the total weight (summed over data-parallel ranks when
+``token_normalize_scope="global"``), the engine back-propagates
+
+    sum over micro-batches i of  loss_i * w_i / W            ("global")
+    sum over micro-batches i of  loss_i * w_i / W_rank / dp  ("dp": each rank's mean, averaged)
+
+and sums gradients over ranks, so the update is the gradient of the batch mean however the batch
+is cut into micro-batches or ranks. Then it clips, sets the LR and steps the optimizer once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
+from realrl.base import logging
+from realrl.impl.model.backend import dp
+from realrl.impl.model.backend.checkpoint import load_checkpoint, save_checkpoint
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.backend.engine import INPUT_KEY, InferenceEngine
+from realrl.impl.model.backend.lr_schedule import LRScheduler
+from realrl.impl.model.backend.optim import build_optimizer
+
+logger = logging.getLogger("train_engine")
+
+LossFn = Callable[[torch.Tensor, SequenceSample], tuple[torch.Tensor, dict[str, float]]]
+LossWeightFn = Callable[[SequenceSample], float]
+SCOPES = ("global", "dp")
+
+
+class TrainEngine(InferenceEngine):
+    """Holds the module, its optimizer and LR schedule; also serves forward/generate (the actor
+    generates and trains with one module). Parameters stay fp32 (master weights); a low-precision
+    ``EngineConfig.dtype`` runs forward/backward under autocast, fp16 with a dynamic loss scaler.
+    """
+
+    casts_module = False
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer_config: OptimizerConfig | None = None,
+        engine_config: EngineConfig | None = None,
+        total_train_steps: int = 1,
+        device: torch.device | str = "cpu",
+        dp_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__(module, engine_config, device)
+        self.optimizer_config = optimizer_config or OptimizerConfig()
+        self.dp_group = dp_group
+        dp.world_size(dp_group)  # fail early if the group is unusable
+        if self.config.gradient_checkpointing:
+            if not hasattr(module, "gradient_checkpointing_enable"):
+                raise ValueError(
+                    f"EngineConfig.gradient_checkpointing=True but {type(module).__name__} offers no "
+                    "gradient_checkpointing_enable()"
+                )
+            module.gradient_checkpointing_enable()
+        self.optimizer = build_optimizer(module, self.optimizer_config)
+        self.lr_scheduler = LRScheduler(self.optimizer, self.optimizer_config, total_train_steps)
+        use_scaler = self.dtype == torch.float16 and self.device.type == "cuda"
+        self.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+
+    # -- gradients --------------------------------------------------------------------------
+
+    def accumulate_gradients(
+        self,
+        input_: SequenceSample,
+        mb_spec: MicroBatchSpec | None,
+        loss_fn: LossFn,
+        loss_weight_fn: LossWeightFn,
+        token_normalize_scope: Literal["global", "dp"] = "global",
+    ) -> dict[str, float]:
+        """Add the batch loss's gradient to ``.grad`` (summed over DP ranks); no optimizer step."""
+        if token_normalize_scope not in SCOPES:
+            raise ValueError(f"token_normalize_scope must be one of {SCOPES}, got {token_normalize_scope!r}")
+        self._require(input_, INPUT_KEY, "train_batch")
+        mbs = self.split(input_, mb_spec)
+        weights = [float(loss_weight_fn(mb)) for mb in mbs]
+        if any(w < 0 for w in weights):
+            raise ValueError(f"loss_weight_fn returned a negative weight: {weights}")
+        local_total = sum(weights)
+        n_ranks = dp.world_size(self.dp_group)
+        if token_normalize_scope == "global":
+            total, divide = dp.all_reduce_sum(local_total, self.dp_group), 1.0
+        else:
+            total, divide = local_total, float(n_ranks)
+        if total == 0:
+            logger.warning("train_batch: total loss weight is 0 (no loss tokens); the gradient is zero")
+
+        loss_sum, stat_sums, n_tokens = 0.0, {}, 0
+        with self._mode(training=True):
+            for mb, w in zip(mbs, weights):
+                output = self.packed_forward(mb)
+                loss, stats = loss_fn(output, mb)
+                scale = w / total / divide if total > 0 else 0.0
+                scaled = loss.float() * scale
+                if self.grad_scaler is not None:
+                    scaled = self.grad_scaler.scale(scaled)
+                scaled.backward()
+                share = w / local_total if local_total > 0 else 1.0 / len(mbs)
+                loss_sum += float(loss.detach()) * share
+                for k, v in stats.items():
+                    stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * share
+                n_tokens += sum(mb.flat_seqlens(INPUT_KEY))
+        dp.all_reduce_gradients(self.module.parameters(), self.dp_group)
+        return {
+            "loss": loss_sum,
+            **stat_sums,
+            "n_mbs": float(len(mbs)),
+            "n_tokens": float(n_tokens),
+            "loss_weight": local_total,
+        }
+
+    def optimizer_step(self, version_steps: int) -> dict[str, float]:
+        """Clip the global gradient norm, set the LR for ``version_steps``, step once, zero grads."""
+        cfg = self.optimizer_config
+        if self.grad_scaler is not None:
+            self.grad_scaler.unscale_(self.optimizer)
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        lr = self.lr_scheduler.step(version_steps)
+        skipped = 0.0
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        elif torch.isfinite(torch.tensor(grad_norm)):
+            self.optimizer.step()
+        else:
+            logger.warning(
+                "non-finite gradient norm %s at version %d: update skipped", grad_norm, version_steps
+            )
+            skipped = 1.0
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "lr": lr, "update_skipped": skipped}
+
+    def train_batch(
+        self,
+        input_: SequenceSample,
+        mb_spec: MicroBatchSpec | None,
+        loss_fn: LossFn,
+        loss_weight_fn: LossWeightFn,
+        token_normalize_scope: Literal["global", "dp"] = "global",
+        version_steps: int = 0,
+    ) -> dict[str, float]:
+        """One optimizer update on ``input_`` (see the module docstring for the loss contract)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = self.accumulate_gradients(input_, mb_spec, loss_fn, loss_weight_fn, token_normalize_scope)
+        stats.update(self.optimizer_step(version_steps))
+        return stats
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def engine_state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
+        }
+
+    def save(self, path: str, extra_state: Any = None) -> None:
+        """Atomic checkpoint of weights (HF format), optimizer, schedule, RNG and ``extra_state``."""
+        save_checkpoint(path, self.module, self.engine_state(), extra_state, self.dp_group)
+
+    def load(self, path: str) -> Any:
+        """Restore everything ``save`` wrote; return the ``extra_state`` saved by this rank."""
+        state, extra = load_checkpoint(path, self.module, self.dp_group)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if self.grad_scaler is not None and state.get("grad_scaler") is not None:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
+        return extra
