@@ -1,0 +1,108 @@
+"""Shared plumbing of the registered datasets: read rows, keep this rank's shard, build one
+``SequenceSample`` per row, count and report every row or pair left out (never silently)."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+
+from realrl.api.core.data_api import DatasetUtility, SequenceSample
+from realrl.base import logging
+from realrl.impl.dataset.errors import DataError, get_field
+from realrl.impl.dataset.sharding import shard_indices
+from realrl.impl.dataset.sources import DataSource, RowTable, load_rows
+
+logger = logging.getLogger("dataset")
+
+
+class Skip(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a row builder to leave a row out; the message is the reason that gets counted."""
+
+
+# builder(row, where, id, metadata, dropped) -> SequenceSample; raises Skip to leave the row out
+RowBuilder = Callable[[dict[str, Any], str, Hashable, dict[str, Any], collections.Counter], SequenceSample]
+
+
+def owned_rows(
+    name: str,
+    util: DatasetUtility,
+    dataset_path: DataSource | None,
+    dataset_builder: Callable[[], Any] | None,
+    split: str | None,
+    id_key: str | None,
+) -> list[tuple[dict[str, Any], str, Hashable]]:
+    """(row, where, id) of the rows this rank owns. The id is the row index, or the row's own
+    ``id_key`` field: stable whatever the number of ranks."""
+    if (dataset_path is None) == (dataset_builder is None):
+        raise ValueError(f"{name}: give exactly one of dataset_path and dataset_builder")
+    table = load_rows(dataset_path if dataset_path is not None else dataset_builder, split)
+    ids = _row_ids(table, id_key)
+    owned = shard_indices(len(table), util.dp_rank, util.world_size, util.seed)
+    return [(table.rows[i], table.where(i), ids[i]) for i in owned]
+
+
+def _row_ids(table: RowTable, id_key: str | None) -> list[Hashable]:
+    if id_key is None:
+        return list(range(len(table)))
+    ids = [get_field(r, id_key, (str, int), table.where(i)) for i, r in enumerate(table.rows)]
+    seen: dict[Hashable, int] = {}
+    for i, x in enumerate(ids):
+        if x in seen:
+            raise DataError(f"{table.where(i)}: field {id_key!r} repeats id {x!r} of {table.where(seen[x])}")
+        seen[x] = i
+    return ids
+
+
+class SampleListDataset(torch.utils.data.Dataset):
+    """A dataset of ready one-sample ``SequenceSample`` items for this data-parallel rank.
+
+    ``dropped`` counts what was left out, by reason (rows, or single pairs of a multi-pair row);
+    ``n_rows`` is the number of source rows this rank owned before filtering.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        util: DatasetUtility,
+        rows: Sequence[tuple[dict[str, Any], str, Hashable]],
+        metadata_keys: Sequence[str],
+        build: RowBuilder,
+    ):
+        self.util = util
+        self.n_rows = len(rows)
+        self.dropped: collections.Counter[str] = collections.Counter()
+        self.samples: list[SequenceSample] = []
+        for row, where, id_ in rows:
+            meta = {k: get_field(row, k, object, where) for k in metadata_keys}
+            try:
+                self.samples.append(build(row, where, id_, meta, self.dropped))
+            except Skip as s:
+                self.dropped[str(s)] += 1
+        if self.dropped:
+            logger.warning(
+                "%s (rank %d/%d): kept %d of %d rows; left out: %s",
+                name,
+                util.dp_rank,
+                util.world_size,
+                len(self.samples),
+                self.n_rows,
+                dict(self.dropped),
+            )
+        else:
+            logger.info("%s (rank %d/%d): %d samples", name, util.dp_rank, util.world_size, len(self.samples))
+        if not self.samples and self.n_rows:
+            raise DataError(f"{name}: every row of rank {util.dp_rank} was left out: {dict(self.dropped)}")
+
+    @property
+    def n_filtered(self) -> int:
+        """Rows and pairs left out, all reasons together."""
+        return sum(self.dropped.values())
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, idx: int) -> SequenceSample:
+        return self.samples[idx]

@@ -1,0 +1,126 @@
+"""Preference rows -> (chosen ids, rejected ids) pairs, following TRL's ``_prepare_dataset`` (seed 001).
+
+A row is one of:
+- pre-tokenized: ``chosen_ids``/``rejected_ids`` (or the older ``chosen_input_ids``/
+  ``rejected_input_ids``) -- used as they are, never re-tokenized;
+- text: ``chosen``/``rejected`` strings, EOS appended unless already there, an explicit
+  ``prompt`` prepended, then ``tokenizer(text)``;
+- conversational: lists of ``{role, content}`` messages (prompt + chosen) through the chat template.
+Several pairs per prompt: the same fields holding equal-length lists of the above.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from realrl.impl.dataset.errors import DataError, check_token_ids, get_field
+from realrl.impl.dataset.tokenize import check_messages, is_conversational, tokenize
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceFields:
+    prompt: str = "prompt"
+    chosen: str = "chosen"
+    rejected: str = "rejected"
+    margin: str = "margin"
+
+    def ids_names(self) -> list[tuple[str, str]]:
+        """Pre-tokenized column names, newest spelling first (TRL renames the legacy ones)."""
+        return [
+            (f"{self.chosen}_ids", f"{self.rejected}_ids"),
+            (f"{self.chosen}_input_ids", f"{self.rejected}_input_ids"),
+        ]
+
+
+def _is_ids(x: Any) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def _as_list_of_pairs(chosen: Any, rejected: Any, single: Any, fields: tuple[str, str], where: str):
+    """One pair, or several when both fields hold lists of items; ``single(x)`` tells an item."""
+    if single(chosen) and single(rejected):
+        return [(chosen, rejected)]
+    if (
+        isinstance(chosen, list)
+        and isinstance(rejected, list)
+        and chosen
+        and all(map(single, chosen + rejected))
+    ):
+        if len(chosen) != len(rejected):
+            raise DataError(
+                f"{where}: fields {fields[0]!r} and {fields[1]!r} hold {len(chosen)} and {len(rejected)} "
+                "answers; several pairs per prompt must be one-to-one"
+            )
+        return list(zip(chosen, rejected))
+    raise DataError(
+        f"{where}: fields {fields[0]!r}/{fields[1]!r} must both be one answer or equal-length lists of "
+        f"answers of one kind, got {type(chosen).__name__} and {type(rejected).__name__}"
+    )
+
+
+def _pretokenized_pairs(
+    row: dict, where: str, fields: PreferenceFields
+) -> list[tuple[list[int], list[int]]] | None:
+    for c_name, r_name in fields.ids_names():
+        if c_name in row and r_name in row:
+            c, r = get_field(row, c_name, list, where), get_field(row, r_name, list, where)
+            pairs = _as_list_of_pairs(c, r, _is_ids, (c_name, r_name), where)
+            return [(check_token_ids(a, c_name, where), check_token_ids(b, r_name, where)) for a, b in pairs]
+    return None
+
+
+def _text_pairs(tokenizer: Any, row: dict, where: str, fields: PreferenceFields):
+    chosen = get_field(row, fields.chosen, (str, list), where)
+    rejected = get_field(row, fields.rejected, (str, list), where)
+    prompt = row.get(fields.prompt)
+    if is_conversational(chosen) or (isinstance(chosen, list) and chosen and is_conversational(chosen[0])):
+        pairs = _as_list_of_pairs(
+            chosen, rejected, is_conversational, (fields.chosen, fields.rejected), where
+        )
+        if prompt is not None and not is_conversational(prompt):
+            raise DataError(f"{where}: field {fields.prompt!r} must be chat messages like {fields.chosen!r}")
+        prefix = check_messages(prompt, fields.prompt, where) if prompt is not None else []
+        out = []
+        for c, r in pairs:
+            check_messages(c, fields.chosen, where)
+            check_messages(r, fields.rejected, where)
+            out.append((tokenize(tokenizer, prefix + c), tokenize(tokenizer, prefix + r)))
+        return out
+    pairs = _as_list_of_pairs(
+        chosen, rejected, lambda x: isinstance(x, str), (fields.chosen, fields.rejected), where
+    )
+    if prompt is not None and not isinstance(prompt, str):
+        raise DataError(
+            f"{where}: field {fields.prompt!r} must be text like {fields.chosen!r}, got {type(prompt).__name__}"
+        )
+    eos = tokenizer.eos_token
+    if eos is None:
+        raise ValueError("the tokenizer has no EOS token; preference text needs one appended")
+
+    def text(answer: str) -> str:
+        answer = answer if answer.endswith(eos) else answer + eos
+        return (prompt or "") + answer
+
+    return [(tokenize(tokenizer, text(c)), tokenize(tokenizer, text(r))) for c, r in pairs]
+
+
+def preference_pairs(
+    tokenizer: Any, row: dict, where: str, fields: PreferenceFields = PreferenceFields()
+) -> list[tuple[list[int], list[int]]]:
+    """All (chosen, rejected) token-id pairs of one row, before any length filter."""
+    pairs = _pretokenized_pairs(row, where, fields)
+    return pairs if pairs is not None else _text_pairs(tokenizer, row, where, fields)
+
+
+def preference_margins(row: dict, where: str, fields: PreferenceFields, n_pairs: int) -> list[float]:
+    """One margin per pair: a number (one pair) or a list of numbers (several pairs)."""
+    m = get_field(row, fields.margin, (int, float, list), where)
+    margins = m if isinstance(m, list) else [m]
+    if len(margins) != n_pairs or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in margins
+    ):
+        raise DataError(
+            f"{where}: field {fields.margin!r} must hold {n_pairs} number(s), one per pair, got {m!r:.60}"
+        )
+    return [float(x) for x in margins]

@@ -1,0 +1,82 @@
+"""One-sample ``SequenceSample`` builders shared by every dataset (key contract: DESIGN §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from realrl.api.core.data_api import KeyKind, SequenceSample, register_key_spec
+
+# Per-pair preference margin, repeated on the chosen and the rejected sequence of its pair so it
+# lines up with the per-sequence ``rewards`` of a reward model: margin_j = margins[2j] = margins[2j+1].
+register_key_spec("margins", KeyKind.SEQUENCE, torch.float32)
+
+
+def _meta(metadata: dict[str, Any] | None) -> dict[str, list[Any]]:
+    return {k: [v] for k, v in (metadata or {}).items()}
+
+
+def sft_sample(
+    id_: Hashable,
+    prompt_ids: Sequence[int],
+    answer_ids: Sequence[int],
+    loss_on_prompt: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> SequenceSample:
+    """``packed_input_ids`` = prompt + answer; ``prompt_mask`` is 1 on the prompt, or all 0 when the
+    loss covers every token (the seed's phase 1)."""
+    ids = list(prompt_ids) + list(answer_ids)
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    if not loss_on_prompt:
+        mask[: len(prompt_ids)] = True
+    return SequenceSample.from_default(
+        ids=[id_],
+        seqlens=[len(ids)],
+        data={"packed_input_ids": torch.tensor(ids, dtype=torch.long), "prompt_mask": mask},
+        metadata=_meta(metadata),
+    )
+
+
+def paired_sample(
+    id_: Hashable,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    margins: Sequence[float] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> SequenceSample:
+    """``packed_input_ids`` holds [c1, r1, c2, r2, ...]; optional ``margins`` (one per pair)."""
+    if not pairs:
+        raise ValueError(f"sample {id_!r}: a reward-modeling sample needs at least one pair")
+    seqs = [list(s) for pair in pairs for s in pair]
+    data = {"packed_input_ids": torch.tensor([t for s in seqs for t in s], dtype=torch.long)}
+    if margins is not None:
+        if len(margins) != len(pairs):
+            raise ValueError(f"sample {id_!r}: {len(margins)} margins for {len(pairs)} pairs")
+        data["margins"] = torch.tensor([float(m) for m in margins for _ in range(2)], dtype=torch.float32)
+    return SequenceSample.from_default(
+        ids=[id_], seqlens=[[len(s) for s in seqs]], data=data, metadata=_meta(metadata)
+    )
+
+
+def prompt_sample(
+    id_: Hashable, prompt_ids: Sequence[int], metadata: dict[str, Any] | None = None
+) -> SequenceSample:
+    """``packed_prompts``: the prompt's token ids (PPO / GRPO)."""
+    return SequenceSample.from_default(
+        ids=[id_],
+        seqlens=[len(prompt_ids)],
+        data={"packed_prompts": torch.tensor(list(prompt_ids), dtype=torch.long)},
+        metadata=_meta(metadata),
+    )
+
+
+def pairs_of(sample: SequenceSample) -> list[tuple[list[int], list[int]]]:
+    """The (chosen, rejected) token lists of a one-sample ``rw_paired`` SequenceSample."""
+    lens = sample.seqlens["packed_input_ids"][0]
+    flat = sample.data["packed_input_ids"].tolist()
+    seqs, off = [], 0
+    for n in lens:
+        seqs.append(flat[off : off + n])
+        off += n
+    return [(seqs[i], seqs[i + 1]) for i in range(0, len(seqs), 2)]
