@@ -1,3 +1,4 @@
 """Layer 2: implementations. Importing this package registers them by name."""
 
+import realrl.impl.model  # noqa: E402, F401  (ReaLModel, "real_model" / "null" models)
 import realrl.impl.model.backend  # noqa: E402, F401  (train / inference / null backends)

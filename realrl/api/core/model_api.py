@@ -57,6 +57,8 @@ class ReaLModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    # the HF ``model_type`` this architecture saves as (None: inferred from the fields above)
+    hf_model_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:

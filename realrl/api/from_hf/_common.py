@@ -1,0 +1,89 @@
+"""What every family shares: ReaLModel parameter names and rotary-config spelling.
+
+ReaLModel's parameter names (the converters map to and from these):
+
+    embed.wte.weight, embed.wpe.weight (learned absolute positions)
+    layers.{i}.attn_ln.{weight,bias}
+    layers.{i}.attn.{q,k,v,o}.{weight,bias}, layers.{i}.attn.{q_ln,k_ln}.weight
+    layers.{i}.mlp_ln.{weight,bias}
+    layers.{i}.mlp.{gate,up,down}.{weight,bias}
+    final_ln.{weight,bias}, head.weight (LM or scalar head), head.bias (scalar head)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realrl.api.core.model_api import ReaLModelConfig
+
+
+def embedding_param_names(cfg: ReaLModelConfig) -> list[str]:
+    names = ["embed.wte.weight"]
+    if cfg.abs_position_embedding:
+        names.append("embed.wpe.weight")
+    return names
+
+
+def tblock_param_names(cfg: ReaLModelConfig, idx: int) -> list[str]:
+    p = f"layers.{idx}."
+    norm_params = ["weight", "bias"] if cfg.layer_norm_type == "layer" else ["weight"]
+    names = [p + "attn_ln." + n for n in norm_params]
+    for proj in ("q", "k", "v"):
+        names.append(f"{p}attn.{proj}.weight")
+        if cfg.use_attention_bias:
+            names.append(f"{p}attn.{proj}.bias")
+    names.append(f"{p}attn.o.weight")
+    if cfg.use_attn_proj_bias:
+        names.append(f"{p}attn.o.bias")
+    if cfg.qk_layernorm:
+        names += [f"{p}attn.q_ln.weight", f"{p}attn.k_ln.weight"]
+    names += [p + "mlp_ln." + n for n in norm_params]
+    projs = ("gate", "up", "down") if cfg.mlp_type == "gated" else ("up", "down")
+    for proj in projs:
+        names.append(f"{p}mlp.{proj}.weight")
+        if cfg.use_mlp_bias:
+            names.append(f"{p}mlp.{proj}.bias")
+    return names
+
+
+def head_param_names(cfg: ReaLModelConfig) -> list[str]:
+    norm_params = ["weight", "bias"] if cfg.layer_norm_type == "layer" else ["weight"]
+    names = ["final_ln." + n for n in norm_params] + ["head.weight"]
+    if cfg.is_critic:
+        names.append("head.bias")
+    return names
+
+
+def rope_from_hf(hf: Any) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling dict or None) from either spelling: transformers>=5 ``rope_parameters``
+    or the older ``rope_theta`` + ``rope_scaling``."""
+    params = getattr(hf, "rope_parameters", None)
+    if params:
+        params = dict(params)
+        theta = float(params.pop("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        return theta, (None if rope_type == "default" else params)
+    theta = float(getattr(hf, "rope_theta", 10000.0))
+    scaling = getattr(hf, "rope_scaling", None)
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        return theta, dict(scaling)
+    return theta, None
+
+
+def rope_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
+    params: dict[str, Any] = {"rope_theta": cfg.rotary_base, "rope_type": "default"}
+    if cfg.rotary_scaling:
+        params.update(cfg.rotary_scaling)
+        params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def token_ids(hf: Any) -> dict[str, int | None]:
+    def first(x):
+        return x[0] if isinstance(x, list | tuple) and x else x
+
+    return {
+        "bos_token_id": first(getattr(hf, "bos_token_id", None)),
+        "eos_token_id": first(getattr(hf, "eos_token_id", None)),
+        "pad_token_id": first(getattr(hf, "pad_token_id", None)),
+    }

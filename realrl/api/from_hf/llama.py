@@ -1,0 +1,36 @@
+"""Llama (and Llama-3 rope scaling): RMSNorm, gated SiLU MLP, rotary, GQA, optional biases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
+from realrl.api.from_hf import _common, _llama_like
+
+
+def config_from_hf(hf: Any) -> ReaLModelConfig:
+    return _llama_like.config_from_hf(hf)
+
+
+def config_to_hf(cfg: ReaLModelConfig) -> Any:
+    _llama_like.check_llama_shape(cfg, "llama")
+    if cfg.qk_layernorm or cfg.sliding_window or cfg.use_attention_bias != cfg.use_attn_proj_bias:
+        raise ValueError(
+            "llama: cannot express q/k layernorm, a sliding window, or q/k/v biases without an o bias"
+        )
+    return _llama_like.config_to_hf(
+        cfg, "llama", attention_bias=cfg.use_attention_bias, mlp_bias=cfg.use_mlp_bias
+    )
+
+
+register_hf_family(
+    "llama",
+    "llama",
+    config_from_hf,
+    config_to_hf,
+    _llama_like.sd_from_hf,
+    _llama_like.sd_to_hf,
+    _common.embedding_param_names,
+    _common.tblock_param_names,
+    _common.head_param_names,
+)

@@ -1,0 +1,37 @@
+"""Mistral: llama-shaped, no biases, a sliding attention window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
+from realrl.api.from_hf import _common, _llama_like
+
+
+def config_from_hf(hf: Any) -> ReaLModelConfig:
+    return _llama_like.config_from_hf(
+        hf,
+        sliding_window=getattr(hf, "sliding_window", None),
+        use_attention_bias=False,
+        use_attn_proj_bias=False,
+    )
+
+
+def config_to_hf(cfg: ReaLModelConfig) -> Any:
+    _llama_like.check_llama_shape(cfg, "mistral")
+    if cfg.qk_layernorm or cfg.use_attention_bias or cfg.use_attn_proj_bias or cfg.use_mlp_bias:
+        raise ValueError("mistral: cannot express biases or q/k layernorm")
+    return _llama_like.config_to_hf(cfg, "mistral", sliding_window=cfg.sliding_window)
+
+
+register_hf_family(
+    "mistral",
+    "mistral",
+    config_from_hf,
+    config_to_hf,
+    _llama_like.sd_from_hf,
+    _llama_like.sd_to_hf,
+    _common.embedding_param_names,
+    _common.tblock_param_names,
+    _common.head_param_names,
+)

@@ -1,0 +1,42 @@
+"""Qwen2: llama-shaped with biases on q/k/v (none on o), optional sliding window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
+from realrl.api.from_hf import _common, _llama_like
+from realrl.api.from_hf._sliding import uniform_sliding_window
+
+
+def config_from_hf(hf: Any) -> ReaLModelConfig:
+    return _llama_like.config_from_hf(
+        hf,
+        use_attention_bias=True,
+        use_attn_proj_bias=False,
+        use_mlp_bias=False,
+        sliding_window=uniform_sliding_window(hf, "qwen2"),
+    )
+
+
+def config_to_hf(cfg: ReaLModelConfig) -> Any:
+    _llama_like.check_llama_shape(cfg, "qwen2")
+    if not cfg.use_attention_bias or cfg.use_attn_proj_bias or cfg.use_mlp_bias or cfg.qk_layernorm:
+        raise ValueError("qwen2: needs q/k/v biases and no o/MLP biases or q/k layernorm")
+    window = dict(use_sliding_window=True, sliding_window=cfg.sliding_window, max_window_layers=0)
+    return _llama_like.config_to_hf(
+        cfg, "qwen2", **(window if cfg.sliding_window else dict(use_sliding_window=False))
+    )
+
+
+register_hf_family(
+    "qwen2",
+    "qwen2",
+    config_from_hf,
+    config_to_hf,
+    _llama_like.sd_from_hf,
+    _llama_like.sd_to_hf,
+    _common.embedding_param_names,
+    _common.tblock_param_names,
+    _common.head_param_names,
+)

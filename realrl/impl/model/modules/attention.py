@@ -1,0 +1,161 @@
+"""Causal attention over packed variable-length sequences, with pluggable backends.
+
+Every backend attends only within a sequence (``cu_seqlens`` bounds): packing never leaks
+tokens across sequence boundaries. ``sdpa`` is exact on any device; ``flash_attn`` and
+``torch_varlen`` are CUDA kernels that take the packed layout directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLS = ("auto", "flash_attn", "torch_varlen", "sdpa")
+
+
+@dataclasses.dataclass
+class PackedMeta:
+    """What every layer needs about the packing, computed once per forward (one host sync)."""
+
+    cu_seqlens: torch.Tensor  # int32 [B+1]
+    seqlens: list[int]
+    max_seqlen: int
+    positions: torch.Tensor  # long [T], restarting at 0 per sequence
+
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, total: int) -> PackedMeta:
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(
+                f"cu_seqlens must be 1-D with B+1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}"
+            )
+        bounds = cu_seqlens.tolist()
+        seqlens = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        if bounds[0] != 0 or bounds[-1] != total or min(seqlens) < 0:
+            raise ValueError(
+                f"cu_seqlens must rise from 0 to len(input_ids)={total}; got {bounds[:4]}...{bounds[-1]}"
+            )
+        device = cu_seqlens.device
+        lens = torch.tensor(seqlens, device=device)
+        starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lens, output_size=total)
+        positions = torch.arange(total, device=device) - starts
+        return cls(cu_seqlens.to(torch.int32), seqlens, max(seqlens), positions)
+
+
+def flash_attn_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def torch_varlen_available() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
+def resolve_attn_impl(impl: str, device: torch.device | str | None) -> str:
+    """``auto`` -> flash_attn, then torch_varlen on CUDA; sdpa otherwise."""
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"unknown attn_impl {impl!r}; expected one of {ATTN_IMPLS}")
+    on_cuda = torch.device(device or "cpu").type == "cuda"
+    if impl == "auto":
+        if on_cuda and flash_attn_available():
+            return "flash_attn"
+        if on_cuda and torch_varlen_available():
+            return "torch_varlen"
+        return "sdpa"
+    if impl in ("flash_attn", "torch_varlen") and not on_cuda:
+        raise ValueError(f"attn_impl={impl!r} needs a CUDA device; use 'sdpa' (or 'auto') on {device}")
+    if impl == "flash_attn" and not flash_attn_available():
+        raise ValueError("attn_impl='flash_attn' but the flash_attn package is not installed")
+    return impl
+
+
+def _window_mask(L: int, window: int, device) -> torch.Tensor:
+    i = torch.arange(L, device=device)
+    d = i[:, None] - i[None, :]
+    return (d >= 0) & (d < window)
+
+
+def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float):
+    """One SDPA call per sequence: exact, no cross-sequence work, no padding copies."""
+    gqa = q.shape[1] != k.shape[1]
+    outs = []
+    start = 0
+    for L in meta.seqlens:
+        qs, ks, vs = (x[start : start + L].transpose(0, 1) for x in (q, k, v))
+        start += L
+        mask = _window_mask(L, window, q.device) if window and window < L else None
+        o = F.scaled_dot_product_attention(
+            qs,
+            ks,
+            vs,
+            attn_mask=mask,
+            is_causal=mask is None,
+            dropout_p=dropout_p,
+            scale=scale,
+            enable_gqa=gqa,
+        )
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs, dim=0)
+
+
+def _flash_attn(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float):
+    from flash_attn import flash_attn_varlen_func  # lazily: CUDA-only optional dependency
+
+    cu = meta.cu_seqlens
+    win = (window - 1, 0) if window else (-1, -1)
+    return flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        meta.max_seqlen,
+        meta.max_seqlen,
+        dropout_p,
+        softmax_scale=scale,
+        causal=True,
+        window_size=win,
+    )
+
+
+def _torch_varlen(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float):
+    from torch.nn.attention.varlen import varlen_attn
+
+    if dropout_p > 0:
+        raise ValueError(
+            "attn_impl='torch_varlen' has no attention dropout; set attn_pdrop=0 or use flash_attn/sdpa"
+        )
+    cu = meta.cu_seqlens
+    win = (window - 1, 0) if window else (-1, 0)
+    return varlen_attn(
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        meta.max_seqlen,
+        meta.max_seqlen,
+        scale=scale,
+        window_size=win,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+
+
+_BACKENDS = {"sdpa": _sdpa_packed, "flash_attn": _flash_attn, "torch_varlen": _torch_varlen}
+
+
+def packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: PackedMeta,
+    impl: str,
+    scale: float,
+    window: int | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D], causal within each sequence."""
+    return _BACKENDS[impl](q, k, v, meta, scale, window, dropout_p)

@@ -1,0 +1,29 @@
+"""Layer norms: RMSNorm (llama family) and LayerNorm (GPT-2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Normalises in fp32 and casts back before the weight, as the HF llama family does."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def make_norm(kind: str, dim: int, eps: float, dtype=None, device=None) -> nn.Module:
+    if kind == "rms":
+        return RMSNorm(dim, eps, dtype=dtype, device=device)
+    if kind == "layer":
+        return nn.LayerNorm(dim, eps=eps, dtype=dtype, device=device)
+    raise ValueError(f"unknown layer_norm_type {kind!r}; expected 'rms' or 'layer'")

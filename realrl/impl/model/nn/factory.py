@@ -1,0 +1,93 @@
+"""Model factories registered with ``register_model``: "real_model" and "null" (tokenizer only)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from realrl.api.core.config import ModelName
+from realrl.api.core.data_api import load_hf_tokenizer
+from realrl.api.core.model_api import Model, ReaLModelConfig, register_model
+from realrl.impl.model.nn.real_model import ReaLModel
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {
+        "fp32": "float32",
+        "fp16": "float16",
+        "bf16": "bfloat16",
+        "half": "float16",
+        "float": "float32",
+    }
+    name = aliases.get(dtype, dtype)
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16', 'float16'")
+    return value
+
+
+def _tokenizer(tokenizer_path: str | None, path: str | None):
+    if tokenizer_path is not None:
+        return load_hf_tokenizer(tokenizer_path)
+    if path is not None and any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+        return load_hf_tokenizer(path)
+    return None
+
+
+def make_real_model(
+    name: ModelName,
+    device: torch.device | str = "cpu",
+    path: str | None = None,
+    config: dict[str, Any] | ReaLModelConfig | None = None,
+    is_critic: bool = False,
+    dtype: str | torch.dtype | None = None,
+    attn_impl: str = "auto",
+    tokenizer_path: str | None = None,
+    critic_head_init: str = "reward",
+) -> Model:
+    """A ReaLModel from an HF checkpoint folder (``path``) or random weights (``config``)."""
+    torch_dtype = parse_dtype(dtype)
+    if (path is None) == (config is None):
+        raise ValueError(
+            f"model {name}: give exactly one of path= (HF checkpoint) or config= (random weights)"
+        )
+    if path is not None:
+        module = ReaLModel.from_pretrained(
+            path,
+            is_critic=is_critic,
+            dtype=torch_dtype,
+            attn_impl=attn_impl,
+            device=device,
+            critic_head_init=critic_head_init,
+        )
+    else:
+        fields = dict(config.__dict__) if isinstance(config, ReaLModelConfig) else dict(config)
+        fields["is_critic"] = is_critic
+        module = ReaLModel(
+            ReaLModelConfig(**fields),
+            dtype=torch_dtype,
+            device=device,
+            attn_impl=attn_impl,
+            critic_head_init=critic_head_init,
+        )
+    return Model(name, module, _tokenizer(tokenizer_path, path), device=device, dtype=module.dtype)
+
+
+def make_null_model(
+    name: ModelName,
+    device: torch.device | str = "cpu",
+    tokenizer_path: str | None = None,
+    path: str | None = None,
+) -> Model:
+    """No module: what reward plugins run on (they only need the tokenizer to decode)."""
+    return Model(name, None, _tokenizer(tokenizer_path, path), device=device)
+
+
+register_model("real_model", make_real_model)
+register_model("null", make_null_model)

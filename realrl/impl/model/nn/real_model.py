@@ -1,0 +1,155 @@
+"""ReaLModel: a decoder-only transformer over packed, unpadded sequences.
+
+``model(input_ids [T], cu_seqlens [B+1])`` -> logits [T, vocab] (critic: values [T]). Positions
+restart at 0 for each sequence and attention never crosses a sequence boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput, ReaLModelConfig
+from realrl.impl.model.modules.attention import PackedMeta, resolve_attn_impl
+from realrl.impl.model.modules.kv_cache import PackedContext
+from realrl.impl.model.modules.norm import make_norm
+from realrl.impl.model.modules.rotary import RotaryEmbedding
+from realrl.impl.model.nn.transformer_block import TransformerBlock
+
+CRITIC_HEAD_INITS = ("reward", "zeros")
+
+
+class Embedding(nn.Module):
+    def __init__(self, cfg: ReaLModelConfig, dtype=None, device=None):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_dim, dtype=dtype, device=device)
+        if cfg.abs_position_embedding:
+            self.wpe = nn.Embedding(cfg.n_positions, cfg.hidden_dim, dtype=dtype, device=device)
+        self.drop = nn.Dropout(cfg.embd_pdrop)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.wte(input_ids)
+        if hasattr(self, "wpe"):
+            x = x + self.wpe(positions)
+        return self.drop(x)
+
+
+@torch.no_grad()
+def init_critic_head(head: nn.Linear, mode: str = "reward") -> None:
+    """Seed 002: reward head weight ~ N(0, std=1/sqrt(d_model+1)), bias 0 ("Reward head layer
+    initialization"); "zeros" is the value-head option (N(0, 0) in "Value head layer initialization")."""
+    if mode == "reward":
+        nn.init.normal_(head.weight, mean=0.0, std=1.0 / math.sqrt(head.in_features + 1))
+    elif mode == "zeros":
+        nn.init.zeros_(head.weight)
+    else:
+        raise ValueError(f"unknown critic head init {mode!r}; expected one of {CRITIC_HEAD_INITS}")
+    nn.init.zeros_(head.bias)
+
+
+class ReaLModel(nn.Module):
+    def __init__(
+        self,
+        config: ReaLModelConfig,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        attn_impl: str = "auto",
+        critic_head_init: str = "reward",
+        initializer_range: float = 0.02,
+    ):
+        super().__init__()
+        self.config = config
+        self.attn_impl = resolve_attn_impl(attn_impl, device)
+        kw = dict(dtype=dtype, device=device)
+        self.embed = Embedding(config, **kw)
+        self.layers = nn.ModuleList(TransformerBlock(config, i, **kw) for i in range(config.n_layers))
+        self.final_ln = make_norm(config.layer_norm_type, config.hidden_dim, config.layer_norm_epsilon, **kw)
+        out_dim, bias = (1, True) if config.is_critic else (config.vocab_size, False)
+        self.head = nn.Linear(config.hidden_dim, out_dim, bias=bias, **kw)
+        self.rotary = (
+            RotaryEmbedding(config.head_dim, config.rotary_base, config.rotary_scaling, device=device)
+            if config.apply_rotary
+            else None
+        )
+        self._init_weights(initializer_range)
+        if config.is_critic:
+            init_critic_head(self.head, critic_head_init)
+        elif config.tied_embedding:
+            self.head.weight = self.embed.wte.weight
+
+    @torch.no_grad()
+    def _init_weights(self, std: float) -> None:
+        """HF-style: N(0, initializer_range) for linear and embedding weights, zero biases."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear | nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.wte.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.wte.weight.device
+
+    # ------------------------------------------------------------------ forward
+
+    def hidden_states(self, input_ids: torch.Tensor, ctx) -> torch.Tensor:
+        """Final-norm hidden states [T, hidden] under an attention context (packed or decode)."""
+        x = self.embed(input_ids, ctx.positions)
+        rope = None if self.rotary is None else self.rotary(ctx.positions, ctx.max_position, x.dtype)
+        for layer in self.layers:
+            x = layer(x, rope, ctx)
+        return self.final_ln(x)
+
+    def packed_context(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, **kw: Any) -> PackedContext:
+        if input_ids.dim() != 1:
+            raise ValueError(
+                f"ReaLModel expects packed 1-D input_ids [T], got shape {tuple(input_ids.shape)}"
+            )
+        meta = PackedMeta.from_cu_seqlens(cu_seqlens, input_ids.shape[0])
+        dropout = self.config.attn_pdrop if self.training else 0.0
+        return PackedContext(meta, self.attn_impl, dropout, **kw)
+
+    def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """logits [T, vocab] for an LM; values [T] for a critic."""
+        h = self.hidden_states(input_ids, self.packed_context(input_ids, cu_seqlens))
+        out = self.head(h)
+        return out.squeeze(-1) if self.config.is_critic else out
+
+    # ------------------------------------------------------------------ generation and HF I/O
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        gconfig: GenerationHyperparameters,
+        eos_token_id: int | list[int] | None = None,
+    ) -> GenerationOutput:
+        from realrl.impl.model.nn.generation import generate
+
+        return generate(self, input_ids, cu_seqlens, gconfig, eos_token_id)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        is_critic: bool = False,
+        dtype: torch.dtype | None = None,
+        attn_impl: str = "auto",
+        device: torch.device | str | None = None,
+        critic_head_init: str = "reward",
+    ) -> ReaLModel:
+        from realrl.impl.model.nn.hf_io import load_pretrained
+
+        return load_pretrained(cls, path, is_critic, dtype, attn_impl, device, critic_head_init)
+
+    def save_pretrained(self, save_dir: str, tokenizer: Any = None) -> None:
+        from realrl.impl.model.nn.hf_io import save_pretrained
+
+        save_pretrained(self, save_dir, tokenizer)

@@ -1,0 +1,108 @@
+"""Tiny random Hugging Face models of every family and packed inputs for the model tests."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+VOCAB = 97
+
+HF_CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        rope_parameters={"rope_theta": 5000.0, "rope_type": "default"},
+    ),
+    "llama3_tied": lambda: transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_parameters={
+            "rope_theta": 500000.0,
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+    ),
+    "qwen3": lambda: transformers.Qwen3Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+    ),
+    "mistral": lambda: transformers.MistralConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        sliding_window=5,
+    ),
+    "gpt2": lambda: transformers.GPT2Config(
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=256,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=1,
+    ),
+}
+FAMILIES = sorted(HF_CONFIGS)
+
+
+def make_hf_model(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
+    """A random HF model whose every parameter (norms and biases too) is nonzero and distinct."""
+    torch.manual_seed(seed)
+    hf_cfg = HF_CONFIGS[kind]()
+    hf_cfg.eos_token_id, hf_cfg.bos_token_id, hf_cfg.pad_token_id = 1, 0, None
+    model = transformers.AutoModelForCausalLM.from_config(
+        hf_cfg, dtype=torch.float32, attn_implementation="eager"
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.08)
+    return model.eval()
+
+
+def packed(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (sum(lengths),), generator=g)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    return ids, cu
