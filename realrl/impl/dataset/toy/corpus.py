@@ -1,0 +1,197 @@
+"""The toy corpus: a random bigram language, a hidden true reward, and the phase files.
+
+``build_toy_task`` writes everything the default experiments read, as ordinary local files
+(JSONL data, a Hugging Face tokenizer folder, a model config), so the toy task goes through
+exactly the code path a user's real data and checkpoints take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+
+from realrl.impl.dataset.toy.vocab import PERIOD, SEPARATOR, ToyVocab
+
+
+@dataclasses.dataclass
+class ToyTaskConfig:
+    seed: int = 1
+    n_prompts: int = 40000  # the one corpus, split over SFT / RM / PPO
+    data_split: str = "2,4,4"  # seed 000's phase ratios
+    valid_fraction: float = 0.05  # held out inside each phase
+    prompt_min_words: int = 4
+    prompt_max_words: int = 8
+    response_words: int = 11  # then '.' (a 12-token answer)
+    successors: int = 8  # bigram fan-out, Dirichlet(1) weights
+    rm_no_period_fraction: float = 0.1  # RM continuations cut before '.', so the RM sees the penalty
+    n_neutral: int = 160
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def true_reward(completion: str, vocab: ToyVocab | None = None) -> float:
+    """Positive minus negative words, -2 when the completion does not end with '.'."""
+    vocab = vocab or ToyVocab()
+    words = completion.split()
+    pos, neg = set(vocab.positive), set(vocab.negative)
+    score = sum(w in pos for w in words) - sum(w in neg for w in words)
+    return float(score - (0 if words and words[-1] == PERIOD else 2))
+
+
+class BigramLanguage:
+    """Each content word has ``successors`` next words with Dirichlet(1) probabilities."""
+
+    def __init__(self, vocab: ToyVocab, successors: int, rng: np.random.Generator):
+        self.words = vocab.content_words
+        n = len(self.words)
+        self.next_ids = np.stack([rng.choice(n, size=successors, replace=False) for _ in range(n)])
+        self.next_probs = rng.dirichlet(np.ones(successors), size=n)
+
+    def continue_from(self, last: int, n_words: int, rng: np.random.Generator) -> list[int]:
+        out = []
+        for _ in range(n_words):
+            last = int(self.next_ids[last][rng.choice(len(self.next_probs[last]), p=self.next_probs[last])])
+            out.append(last)
+        return out
+
+    def text(self, ids: list[int]) -> str:
+        return " ".join(self.words[i] for i in ids)
+
+
+def _write_jsonl(path: str, rows: list[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+
+
+def _split_valid(indices: list[int], fraction: float) -> tuple[list[int], list[int]]:
+    n_valid = max(1, int(len(indices) * fraction))
+    return indices[n_valid:], indices[:n_valid]
+
+
+def build_toy_task(out_dir: str, cfg: ToyTaskConfig | None = None) -> dict:
+    """Write the toy task under ``out_dir`` (reused when already built with the same config).
+
+    Layout: ``tokenizer/``, ``{sft,rm,ppo}/{train,valid}.jsonl``, ``manifest.json``.
+    Returns the manifest (paths, counts, the reward of generator samples).
+    """
+    from realrl.impl.dataset.dschat import phase_indices
+
+    cfg = cfg or ToyTaskConfig()
+    manifest_path = os.path.join(out_dir, "manifest.json")
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        if manifest.get("fingerprint") == cfg.fingerprint():
+            return manifest
+    tmp_dir = out_dir.rstrip("/") + ".building"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    os.makedirs(tmp_dir)
+
+    vocab = ToyVocab(cfg.n_neutral)
+    rng = np.random.default_rng(cfg.seed)
+    lang = BigramLanguage(vocab, cfg.successors, rng)
+    prompts = []
+    for _ in range(cfg.n_prompts):
+        n = int(rng.integers(cfg.prompt_min_words, cfg.prompt_max_words + 1))
+        first = int(rng.integers(len(lang.words)))
+        prompts.append([first] + lang.continue_from(first, n - 1, rng))
+
+    def prompt_text(p: list[int]) -> str:
+        return f"{lang.text(p)} {SEPARATOR}"
+
+    def answer(p: list[int], with_period: bool = True) -> str:
+        words = lang.continue_from(p[-1], cfg.response_words, rng)
+        return " " + lang.text(words) + (f" {PERIOD}" if with_period else "")
+
+    phases = {phase: phase_indices(cfg.n_prompts, cfg.data_split, phase, cfg.seed) for phase in (1, 2, 3)}
+    counts: dict[str, int] = {}
+    sft_rewards = []
+    for part, idx in zip(("train", "valid"), _split_valid(list(phases[1]), cfg.valid_fraction)):
+        rows = [{"prompt": prompt_text(prompts[i]), "answer": answer(prompts[i])} for i in idx]
+        sft_rewards += [true_reward(r["answer"], vocab) for r in rows]
+        os.makedirs(os.path.join(tmp_dir, "sft"), exist_ok=True)
+        _write_jsonl(os.path.join(tmp_dir, "sft", f"{part}.jsonl"), rows)
+        counts[f"sft_{part}"] = len(rows)
+    ties = 0
+    for part, idx in zip(("train", "valid"), _split_valid(list(phases[2]), cfg.valid_fraction)):
+        rows = []
+        for i in idx:
+            a = answer(prompts[i], with_period=rng.random() >= cfg.rm_no_period_fraction)
+            b = answer(prompts[i], with_period=rng.random() >= cfg.rm_no_period_fraction)
+            ra, rb = true_reward(a, vocab), true_reward(b, vocab)
+            if ra == rb:
+                ties += 1
+                continue
+            chosen, rejected = (a, b) if ra > rb else (b, a)
+            rows.append({"prompt": prompt_text(prompts[i]), "chosen": chosen, "rejected": rejected})
+        os.makedirs(os.path.join(tmp_dir, "rm"), exist_ok=True)
+        _write_jsonl(os.path.join(tmp_dir, "rm", f"{part}.jsonl"), rows)
+        counts[f"rm_{part}"] = len(rows)
+    for part, idx in zip(("train", "valid"), _split_valid(list(phases[3]), cfg.valid_fraction)):
+        rows = [{"prompt": prompt_text(prompts[i])} for i in idx]
+        os.makedirs(os.path.join(tmp_dir, "ppo"), exist_ok=True)
+        _write_jsonl(os.path.join(tmp_dir, "ppo", f"{part}.jsonl"), rows)
+        counts[f"ppo_{part}"] = len(rows)
+    vocab.save_tokenizer(os.path.join(tmp_dir, "tokenizer"))
+
+    manifest = {
+        "fingerprint": cfg.fingerprint(),
+        "config": dataclasses.asdict(cfg),
+        "counts": counts,
+        "rm_ties_dropped": ties,
+        "generator_true_reward_mean": float(np.mean(sft_rewards)),
+        "generator_true_reward_std": float(np.std(sft_rewards)),
+        "max_new_tokens": cfg.response_words + 2,  # words, '.', EOS
+    }
+    with open(os.path.join(tmp_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp_dir, out_dir)
+    return manifest
+
+
+def toy_paths(out_dir: str) -> dict[str, str]:
+    """Where ``build_toy_task`` put each file."""
+    return {
+        "tokenizer": os.path.join(out_dir, "tokenizer"),
+        **{
+            f"{p}_{s}": os.path.join(out_dir, p, f"{s}.jsonl")
+            for p in ("sft", "rm", "ppo")
+            for s in ("train", "valid")
+        },
+    }
+
+
+def toy_model_config(vocab: ToyVocab | None = None, n_positions: int = 64) -> dict:
+    """The tiny llama-family decoder of the toy task (TOY_TASK.md: d=64, 2 layers, 4 heads).
+
+    A ``ReaLModelConfig`` field dict: what the "real_model" factory takes as ``config=``.
+    """
+    vocab = vocab or ToyVocab()
+    tokens = vocab.tokens
+    return {
+        "n_layers": 2,
+        "n_q_heads": 4,
+        "n_kv_heads": 4,
+        "hidden_dim": 64,
+        "intermediate_dim": 256,
+        "vocab_size": len(tokens),
+        "n_positions": n_positions,
+        "layer_norm_type": "rms",
+        "mlp_type": "gated",
+        "activation_function": "silu",
+        "tied_embedding": False,
+        "bos_token_id": tokens.index("<bos>"),
+        "eos_token_id": tokens.index("<eos>"),
+        "pad_token_id": tokens.index("<pad>"),
+    }
