@@ -76,6 +76,23 @@ def _write_rank_files(path: str, rank: int, extra_state: Any) -> None:
     torch.save(extra_state, os.path.join(path, f"extra_state_rank{rank}.pt"))
 
 
+def _collective_try(what: str, path: str, group: dist.ProcessGroup | None, fn, cleanup) -> None:
+    """Run ``fn`` on every rank; if it fails anywhere, run ``cleanup`` and raise everywhere."""
+    n = dp.world_size(group)
+    ok = 1.0
+    try:
+        fn()
+    except BaseException:
+        ok = 0.0
+        if n == 1:
+            cleanup()
+            raise
+        logger.exception("rank %d failed %s for checkpoint %s", dp.rank(group), what, path)
+    if dp.all_reduce_sum(ok, group) < n:
+        cleanup()
+        raise RuntimeError(f"{what} for checkpoint {path!r} failed on a rank; the checkpoint was not written")
+
+
 def save_checkpoint(
     path: str,
     module: torch.nn.Module,
@@ -83,30 +100,30 @@ def save_checkpoint(
     extra_state: Any = None,
     group: dist.ProcessGroup | None = None,
 ) -> None:
-    """Write a checkpoint to ``path`` atomically (see the module docstring). Collective over ``group``."""
+    """Write a checkpoint to ``path`` atomically (see the module docstring). Collective over ``group``.
+
+    Rank 0 writes the shared part (weights, optimizer) first, since a module's own
+    ``save_pretrained`` may replace the folder it writes to; then every rank adds its own files.
+    """
     path = os.path.abspath(path)
     tmp, old = path + ".tmp", path + ".old"
-    r, n = dp.rank(group), dp.world_size(group)
-    if r == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    dp.barrier(group)
-    ok = 1.0
-    try:
+    r = dp.rank(group)
+
+    def cleanup() -> None:
         if r == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def write_shared() -> None:
+        if r == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
             save_module_weights(module, tmp)
             torch.save(engine_state, os.path.join(tmp, ENGINE_STATE))
-        _write_rank_files(tmp, r, extra_state)
-    except BaseException:
-        ok = 0.0
-        if n == 1:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        logger.exception("rank %d failed writing checkpoint %s", r, path)
-    if dp.all_reduce_sum(ok, group) < n:
-        if r == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"saving checkpoint {path!r} failed on at least one rank; nothing was written")
+
+    _collective_try("writing weights and optimizer state", path, group, write_shared, cleanup)
+    _collective_try(
+        "writing RNG and extra state", path, group, lambda: _write_rank_files(tmp, r, extra_state), cleanup
+    )
     if r == 0:
         if os.path.exists(path):
             shutil.rmtree(old, ignore_errors=True)
