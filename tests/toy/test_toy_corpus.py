@@ -32,7 +32,7 @@ def test_vocab_is_disjoint_and_sized():
 def test_build_is_deterministic_for_a_seed_and_differs_across_seeds(tmp_path):
     a = build_toy_task(str(tmp_path / "a"), small(1))
     b = build_toy_task(str(tmp_path / "b"), small(1))
-    c = build_toy_task(str(tmp_path / "c"), small(2))
+    build_toy_task(str(tmp_path / "c"), small(2))
     pa, pb, pc = (
         toy_paths(str(tmp_path / "a")),
         toy_paths(str(tmp_path / "b")),

@@ -53,11 +53,13 @@ class BigramLanguage:
         n = len(self.words)
         self.next_ids = np.stack([rng.choice(n, size=successors, replace=False) for _ in range(n)])
         self.next_probs = rng.dirichlet(np.ones(successors), size=n)
+        self._cdf = np.cumsum(self.next_probs, axis=1)
+        self._cdf[:, -1] = 1.0
 
     def continue_from(self, last: int, n_words: int, rng: np.random.Generator) -> list[int]:
         out = []
-        for _ in range(n_words):
-            last = int(self.next_ids[last][rng.choice(len(self.next_probs[last]), p=self.next_probs[last])])
+        for u in rng.random(n_words):
+            last = int(self.next_ids[last][np.searchsorted(self._cdf[last], u, side="right")])
             out.append(last)
         return out
 
