@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -27,7 +27,7 @@ class OptimizerConfig:
     eps: float = 1e-5
     tf_style_eps: bool = False
     grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
-    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    lr_scheduler_type: str = "constant"  # constant | linear | cosine (str: hydra has no Literal)
     warmup_steps_proportion: float = 0.0
     min_lr_ratio: float = 0.0
 
@@ -67,7 +67,7 @@ class EngineConfig:
     ``gradient_checkpointing_enable()``.
     """
 
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    dtype: str = "auto"  # auto | fp32 | bf16 | fp16
     disable_dropout: bool = True
     gradient_checkpointing: bool = False
 

@@ -1,0 +1,78 @@
+"""Options every quickstart experiment shares (hydra structured config, ``key=value`` on the CLI).
+
+Only plain types, ``X | None`` and nested dataclasses appear here, so hydra can check every
+override; choices are ``str`` fields checked in ``__post_init__`` with the allowed values named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+def check_choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{where}={value!r} is not allowed; choose one of {list(allowed)}")
+
+
+@dataclasses.dataclass
+class ExperimentSaveEvalControl:
+    """How long to train and how often to save and evaluate (``exp_ctrl.*``)."""
+
+    total_train_epochs: int = 1
+    total_train_steps: int | None = None  # stop after this many steps even mid-epoch
+    save_freq_steps: int | None = None  # None: save at the end only
+    eval_freq_steps: int | None = None  # None: evaluate at the end only
+
+    def __post_init__(self) -> None:
+        if self.total_train_epochs < 1:
+            raise ValueError(f"exp_ctrl.total_train_epochs must be >= 1, got {self.total_train_epochs}")
+        for name in ("total_train_steps", "save_freq_steps", "eval_freq_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"exp_ctrl.{name} must be >= 1 or null, got {value}")
+
+
+RUN_MODES = ("local", "ray")
+RECOVER_MODES = ("disabled", "auto", "resume")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclasses.dataclass
+class CommonExperimentConfig:
+    """Where a run writes, how it is launched, and how it recovers."""
+
+    experiment_name: str = ""  # default: the experiment's quickstart name
+    trial_name: str = "default"
+    fileroot: str = "outputs"  # everything goes under fileroot/experiment_name/trial_name/
+    mode: str = "local"
+    ray_address: str | None = None  # mode=ray: an existing cluster ("auto" or host:port); None starts one
+    allocation_mode: str = "d1"
+    seed: int = 1
+    device: str = "auto"
+    exp_ctrl: ExperimentSaveEvalControl = dataclasses.field(default_factory=ExperimentSaveEvalControl)
+    recover_mode: str = "disabled"
+    recover_retries: int = 1
+    wandb_project: str | None = None
+    import_modules: list[str] = dataclasses.field(default_factory=list)  # plugins: modules or .py files
+
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, RUN_MODES)
+        check_choice("recover_mode", self.recover_mode, RECOVER_MODES)
+        check_choice("device", self.device, DEVICES)
+        if self.recover_retries < 0:
+            raise ValueError(f"recover_retries must be >= 0, got {self.recover_retries}")
+        for name in ("experiment_name", "trial_name"):
+            if "/" in getattr(self, name):
+                raise ValueError(f"{name} must not contain '/', got {getattr(self, name)!r}")
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.fileroot), self.experiment_name, self.trial_name)
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
