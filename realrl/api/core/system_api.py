@@ -1,0 +1,258 @@
+"""What a run is made of, and what the launcher hands to each worker (DESIGN §4).
+
+``ExperimentConfig`` is the whole run: the MFC graph, how to build each model role, which model
+workers hold each role (one worker per data-parallel rank), the datasets, how long to train and
+where to write. ``ExperimentConfig.model_worker_configs()`` cuts it into one picklable
+``ModelWorkerConfig`` per worker; the master keeps the ``ExperimentConfig`` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from realrl.api.core.config import (
+    DatasetAbstraction,
+    ModelAbstraction,
+    ModelBackendAbstraction,
+    ModelInterfaceAbstraction,
+    ModelName,
+)
+from realrl.api.core.dfg import MFCDef, build_graph
+
+
+@dataclasses.dataclass
+class Timeouts:
+    """Every wait of the runtime is bounded by one of these (seconds)."""
+
+    connect: float = 120.0  # workers start, import torch and say hello to the master
+    setup: float = 600.0  # datasets load, process groups form, models build
+    request: float = 3600.0  # one model function call (generation can be long)
+    heartbeat_interval: float = 1.0
+    heartbeat: float = 15.0  # a worker (or the master) silent this long is declared lost
+    transfer: float = 600.0  # one torch.distributed send / receive
+    shutdown: float = 10.0  # workers exit after being asked to
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"Timeouts.{f.name} must be > 0, got {getattr(self, f.name)}")
+        if self.heartbeat <= 2 * self.heartbeat_interval:
+            raise ValueError(
+                f"Timeouts.heartbeat ({self.heartbeat}) must exceed twice heartbeat_interval "
+                f"({self.heartbeat_interval}) or live workers get declared lost"
+            )
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """How to build one model role: the model factory and the engine wrapping it."""
+
+    model: ModelAbstraction
+    backend: ModelBackendAbstraction = dataclasses.field(
+        default_factory=lambda: ModelBackendAbstraction("inference")
+    )
+
+
+@dataclasses.dataclass
+class ModelShardSpec:
+    """One data-parallel rank of a model role living on one worker."""
+
+    role: str
+    dp_rank: int
+    dp_size: int
+    dp_workers: tuple[int, ...]  # worker index of every dp rank (the process group's members)
+    spec: ModelSpec
+
+    @property
+    def model_name(self) -> ModelName:
+        return ModelName(self.role)
+
+
+@dataclasses.dataclass
+class NameResolveConfig:
+    """Which name_resolve backend the workers of a run use: ``nfs`` (needs ``root``) or ``ray``."""
+
+    kind: str = "nfs"
+    root: str | None = None
+    namespace: str = "realrl"
+
+
+@dataclasses.dataclass
+class ModelWorkerConfig:
+    """Everything model worker ``worker_index`` needs; picklable, built by ``ExperimentConfig``."""
+
+    worker_index: int
+    n_model_workers: int
+    experiment_name: str
+    trial_name: str
+    run_dir: str
+    seed: int
+    shards: list[ModelShardSpec]
+    mfcs: list[MFCDef]  # the calls this worker may run (for remaps, types, micro-batch specs)
+    interfaces: dict[str, ModelInterfaceAbstraction]  # mfc name -> interface, for mfcs on this worker
+    datasets: list[DatasetAbstraction]
+    dataset_dp_rank: int | None  # None: this worker loads no data
+    dataset_dp_size: int
+    tokenizer_path: str | None
+    import_modules: list[str]
+    timeouts: Timeouts
+    name_resolve: NameResolveConfig
+    bind_host: str | None  # None: the node's address (ray mode on a cluster)
+    device: str = "cpu"
+
+    @property
+    def worker_name(self) -> str:
+        return model_worker_name(self.worker_index)
+
+
+def model_worker_name(index: int) -> str:
+    return f"model_worker/{index}"
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """A run: the graph, the models and where they live, the data, the schedule, the run folder.
+
+    ``allocations[role]`` lists the worker index of each data-parallel rank of ``role``: ``[0, 1]``
+    is a model with dp size 2 on workers 0 and 1. Several roles may share a worker.
+    ``import_modules`` are imported by every worker before building anything (module names or
+    ``.py`` paths), so plugins registered there (interfaces, datasets, models) are found.
+    """
+
+    experiment_name: str
+    trial_name: str
+    mfcs: list[MFCDef]
+    models: dict[str, ModelSpec]
+    allocations: dict[str, list[int]]
+    datasets: list[DatasetAbstraction]
+    n_model_workers: int | None = None  # default: 1 + the largest allocated worker index
+    tokenizer_path: str | None = None
+    fileroot: str = "/tmp/realrl"
+    seed: int = 1
+    total_train_epochs: int = 1
+    total_train_steps: int | None = None  # stop after this many steps even mid-epoch
+    data_owner: str | None = None  # role whose workers load the data; default: first consumer's
+    import_modules: list[str] = dataclasses.field(default_factory=list)
+    timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.mfcs:
+            raise ValueError("ExperimentConfig.mfcs is empty: an experiment needs at least one MFC")
+        for name in ("experiment_name", "trial_name"):
+            value = getattr(self, name)
+            if not value or "/" in value:
+                raise ValueError(f"ExperimentConfig.{name} must be non-empty without '/', got {value!r}")
+        if self.n_model_workers is None:
+            self.n_model_workers = 1 + max((w for ws in self.allocations.values() for w in ws), default=0)
+        self.allocations = {role: list(ws) for role, ws in self.allocations.items()}
+        self.validate()
+
+    # -- derived -----------------------------------------------------------------------------
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.fileroot), self.experiment_name, self.trial_name)
+
+    @property
+    def log_dir(self) -> str:
+        return os.path.join(self.run_dir, "logs")
+
+    @property
+    def batch_size(self) -> int:
+        return self.mfcs[0].n_seqs
+
+    def dataset_keys(self) -> list[str]:
+        return build_graph(self.mfcs).graph["dataset_keys"]
+
+    def source_mfcs(self) -> list[MFCDef]:
+        keys = set(self.dataset_keys())
+        return [m for m in self.mfcs if keys & set(m.input_keys)]
+
+    def owner_role(self) -> str:
+        return self.data_owner or self.source_mfcs()[0].role
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        build_graph(self.mfcs)  # names, producers, cycles
+        n_seqs = {m.name: m.n_seqs for m in self.mfcs}
+        if len(set(n_seqs.values())) != 1:
+            raise ValueError(f"every MFC must use the same n_seqs (one batch per step), got {n_seqs}")
+        if self.total_train_epochs < 1:
+            raise ValueError(f"total_train_epochs must be >= 1, got {self.total_train_epochs}")
+        if self.total_train_steps is not None and self.total_train_steps < 1:
+            raise ValueError(f"total_train_steps must be >= 1 or None, got {self.total_train_steps}")
+        for mfc in self.mfcs:
+            if mfc.role not in self.models:
+                raise ValueError(
+                    f"MFC {mfc.name!r} runs on model {mfc.role!r}, absent from models {sorted(self.models)}"
+                )
+            if mfc.role not in self.allocations:
+                raise ValueError(
+                    f"MFC {mfc.name!r}: model {mfc.role!r} has no allocation (allocations: {sorted(self.allocations)})"
+                )
+        if not self.source_mfcs():
+            raise ValueError("no MFC reads a dataset key: nothing would ever feed the graph")
+        for role, workers in self.allocations.items():
+            if role not in self.models:
+                raise ValueError(f"allocations name model {role!r}, absent from models {sorted(self.models)}")
+            if not workers:
+                raise ValueError(f"allocations[{role!r}] is empty: a model needs at least one worker")
+            if len(set(workers)) != len(workers):
+                raise ValueError(f"allocations[{role!r}] = {workers} puts two dp ranks on one worker")
+            bad = [w for w in workers if not 0 <= w < self.n_model_workers]
+            if bad:
+                raise ValueError(
+                    f"allocations[{role!r}] names workers {bad}, outside 0..{self.n_model_workers - 1}"
+                )
+            if len(workers) > self.batch_size:
+                raise ValueError(
+                    f"model {role!r} has dp size {len(workers)} > n_seqs {self.batch_size}: some ranks would get no data"
+                )
+        if self.owner_role() not in self.allocations:
+            raise ValueError(f"data_owner {self.owner_role()!r} is not an allocated model")
+        idle = sorted(set(range(self.n_model_workers)) - {w for ws in self.allocations.values() for w in ws})
+        if idle:
+            raise ValueError(f"model workers {idle} hold no model; lower n_model_workers or allocate them")
+
+    # -- worker configs ------------------------------------------------------------------------
+
+    def model_worker_configs(
+        self, name_resolve: NameResolveConfig, bind_host: str | None = "127.0.0.1"
+    ) -> list[ModelWorkerConfig]:
+        owner = self.owner_role()
+        owner_workers = self.allocations[owner]
+        configs = []
+        for w in range(self.n_model_workers):
+            shards = [
+                ModelShardSpec(role, ws.index(w), len(ws), tuple(ws), self.models[role])
+                for role, ws in sorted(self.allocations.items())
+                if w in ws
+            ]
+            roles = {s.role for s in shards}
+            mfcs = [m for m in self.mfcs if m.role in roles]
+            configs.append(
+                ModelWorkerConfig(
+                    worker_index=w,
+                    n_model_workers=self.n_model_workers,
+                    experiment_name=self.experiment_name,
+                    trial_name=self.trial_name,
+                    run_dir=self.run_dir,
+                    seed=self.seed,
+                    shards=shards,
+                    mfcs=mfcs,
+                    interfaces={m.name: m.interface_impl for m in mfcs},
+                    datasets=list(self.datasets),
+                    dataset_dp_rank=owner_workers.index(w) if w in owner_workers else None,
+                    dataset_dp_size=len(owner_workers),
+                    tokenizer_path=self.tokenizer_path,
+                    import_modules=list(self.import_modules),
+                    timeouts=self.timeouts,
+                    name_resolve=name_resolve,
+                    bind_host=bind_host,
+                    device=self.device,
+                )
+            )
+        return configs

@@ -1,0 +1,145 @@
+"""Launch an experiment: ``run_experiment(config, mode="local" | "ray")``.
+
+The master runs in this process (it holds metadata only); model workers run as subprocesses
+(``local``) or Ray actors (``ray``, on ``ray.init(address=...)``'s cluster or a local one). Any
+failure — an exception in a worker, a worker that dies or stops heartbeating, Ctrl-C — stops
+every worker and raises ``ExperimentFailedError`` naming the worker with its last log lines.
+
+CLI: ``python -m realrl.apps.main <experiment_config.pkl> [--mode local|ray] [--ray-address A]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pickle
+import secrets
+import sys
+
+from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
+from realrl.base import logging, network
+from realrl.base.name_resolve import NameRecordRepository
+from realrl.system import names
+from realrl.system.launcher import LocalLauncher, RayLauncher, make_name_record
+from realrl.system.master_worker import MasterWorker
+from realrl.system.request_reply_stream import (
+    Codec,
+    MasterStream,
+    RequestTimeoutError,
+    WorkerError,
+    WorkerLostError,
+)
+
+logger = logging.getLogger("main")
+
+MODES = ("local", "ray")
+
+
+class ExperimentFailedError(RuntimeError):
+    """The run stopped early; ``worker`` names the worker at fault when one is known."""
+
+    def __init__(self, message: str, worker: str | None = None):
+        super().__init__(message)
+        self.worker = worker
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    mode: str = "local",
+    ray_address: str | None = None,
+    ray_cpus_per_worker: float = 1.0,
+) -> list[dict]:
+    """Run ``config`` to the end; return one stats record per step (also in ``stats.jsonl``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    os.makedirs(config.log_dir, exist_ok=True)
+    stats_path = os.path.join(config.run_dir, "stats.jsonl")
+    if os.path.exists(stats_path):
+        os.remove(stats_path)
+    secret = secrets.token_bytes(32)
+    if mode == "local":
+        nr_cfg = NameResolveConfig("nfs", root=os.path.join(config.run_dir, "name_resolve"))
+        host = network.LOOPBACK
+        launcher = LocalLauncher(config.run_dir, config.log_dir, secret)
+    else:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=ray_address) if ray_address else ray.init()
+        nr_cfg = NameResolveConfig("ray", namespace=f"realrl/{config.experiment_name}/{config.trial_name}")
+        host = ray.util.get_node_ip_address()
+        launcher = RayLauncher(config.log_dir, secret, ray_cpus_per_worker)
+    record = make_name_record(nr_cfg)
+    run_root = names.run_root(config.experiment_name, config.trial_name)
+    record.clear_subtree(run_root)
+    log_handler = logging.add_file_handler(os.path.join(config.log_dir, "master.log"))
+    worker_configs = config.model_worker_configs(nr_cfg, bind_host=host if mode == "local" else None)
+    try:
+        return asyncio.run(_run_master(config, Codec(secret), record, host, launcher, worker_configs))
+    except KeyboardInterrupt:
+        logger.error("interrupted: stopping every worker")
+        raise
+    except Exception as e:
+        worker = getattr(e, "worker", None)
+        message = f"experiment {run_root} failed: {e}"
+        if worker is not None:
+            message += f"\n--- last lines of {worker}'s log ---\n{launcher.log_tail(worker)}"
+        logger.error("%s", message)
+        raise ExperimentFailedError(message, worker) from e
+    finally:
+        launcher.stop()
+        record.clear_subtree(run_root)
+        logging.getLogger("realrl").removeHandler(log_handler)
+        log_handler.close()
+
+
+async def _run_master(
+    config: ExperimentConfig,
+    codec: Codec,
+    record: NameRecordRepository,
+    host: str,
+    launcher: LocalLauncher | RayLauncher,
+    worker_configs,
+) -> list[dict]:
+    stream = MasterStream(codec, host)
+    record.add(names.master_stream(config.experiment_name, config.trial_name), stream.address, replace=True)
+    master = MasterWorker(config, stream, check_workers=launcher.check)
+    ok = False
+    try:
+        launcher.start(worker_configs)
+        stats = await master.run()
+        ok = True
+        return stats
+    finally:
+        if ok:
+            await master.shutdown()
+        stream.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("config", help="a pickled ExperimentConfig")
+    parser.add_argument("--mode", choices=MODES, default="local")
+    parser.add_argument(
+        "--ray-address", default=None, help="an existing Ray cluster (default: start a local one)"
+    )
+    args = parser.parse_args(argv)
+    with open(args.config, "rb") as f:
+        config = pickle.load(f)
+    try:
+        run_experiment(config, args.mode, args.ray_address)
+    except ExperimentFailedError as e:
+        print(f"realrl: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("realrl: interrupted; every worker was stopped", file=sys.stderr)
+        sys.exit(130)
+
+
+__all__ = ["ExperimentFailedError", "run_experiment", "RequestTimeoutError", "WorkerError", "WorkerLostError"]
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The master's view of live samples: which keys of which ids are ready, and which workers hold them.
+
+Only metadata lives here (``SequenceSample.meta()`` per id). An MFC takes the first ``n_seqs`` ids
+(in arrival order) it has not taken yet, and fires once all of them have its input keys; taking
+them in arrival order, not readiness order, keeps batches identical from run to run whatever the
+timing. An id leaves the buffer once every MFC of the graph has finished with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Hashable, Iterable, Sequence
+
+from realrl.api.core.data_api import SequenceSample
+
+
+@dataclasses.dataclass
+class _Entry:
+    meta: SequenceSample  # one sample, metadata only, every key produced so far
+    owners: dict[str, set[int]]  # key -> workers holding its tensor
+    step: int
+    taken: set[str] = dataclasses.field(default_factory=set)  # MFCs that took this id
+    finished: set[str] = dataclasses.field(default_factory=set)  # MFCs done with it
+
+
+class SampleBuffer:
+    def __init__(self, mfc_names: Iterable[str]):
+        self.mfc_names = frozenset(mfc_names)
+        self.entries: dict[Hashable, _Entry] = {}
+        self._waiters: list[asyncio.Future] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # -- updates -------------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+
+    def add(self, meta: SequenceSample, owner: int, step: int) -> None:
+        """New samples (a dataset batch) whose every key is held by worker ``owner``."""
+        if meta.data is not None:
+            raise ValueError("the buffer holds metadata only; pass sample.meta()")
+        for one in meta.unpack():
+            sid = one.ids[0]
+            if sid in self.entries:
+                raise ValueError(f"sample id {sid!r} is already live in the buffer (ids must be unique)")
+            self.entries[sid] = _Entry(one, {k: {owner} for k in one.keys}, step)
+        self._changed()
+
+    def update(self, meta: SequenceSample, owner: int) -> None:
+        """Keys an MFC produced on worker ``owner`` for ids already live."""
+        for one in meta.unpack():
+            entry = self._entry(one.ids[0])
+            entry.meta.update_(one)
+            for k in one.keys:
+                entry.owners[k] = {owner}  # a key produced anew supersedes older copies
+        self._changed()
+
+    def add_owner(self, ids: Sequence[Hashable], keys: Iterable[str], worker: int) -> None:
+        """``worker`` received copies of ``keys`` of ``ids`` (it keeps them until they are freed)."""
+        keys = list(keys)
+        for sid in ids:
+            entry = self._entry(sid)
+            for k in keys:
+                entry.owners[k].add(worker)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def _entry(self, sid: Hashable) -> _Entry:
+        try:
+            return self.entries[sid]
+        except KeyError:
+            raise KeyError(f"sample id {sid!r} is not live in the buffer") from None
+
+    def next_ids(self, mfc: str, n: int) -> list[Hashable] | None:
+        """The first ``n`` ids ``mfc`` has not taken yet, or None if fewer are live."""
+        out = [sid for sid, e in self.entries.items() if mfc not in e.taken][:n]
+        return out if len(out) == n else None
+
+    def is_ready(self, ids: Sequence[Hashable], keys: Iterable[str]) -> bool:
+        keys = set(keys)
+        return all(keys <= self.entries[sid].meta.keys for sid in ids)
+
+    def owners(self, sid: Hashable, key: str) -> set[int]:
+        entry = self._entry(sid)
+        if key not in entry.owners:
+            raise KeyError(f"key {key!r} of sample {sid!r} is not ready (has {sorted(entry.meta.keys)})")
+        return entry.owners[key]
+
+    def step_of(self, sid: Hashable) -> int:
+        return self._entry(sid).step
+
+    def gather_meta(self, ids: Sequence[Hashable], keys: Iterable[str]) -> SequenceSample:
+        keys = list(keys)
+        return SequenceSample.gather([self._entry(sid).meta.select(keys) for sid in ids], keys)
+
+    # -- waiting and consuming ----------------------------------------------------------------
+
+    async def take(self, mfc: str, keys: Iterable[str], n: int) -> list[Hashable]:
+        """Wait for the next ``n`` ids of ``mfc`` to hold ``keys``; mark them taken by it."""
+        keys = list(keys)
+        while True:
+            ids = self.next_ids(mfc, n)
+            if ids is not None and self.is_ready(ids, keys):
+                for sid in ids:
+                    self.entries[sid].taken.add(mfc)
+                return ids
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+
+    def finish(self, mfc: str, ids: Sequence[Hashable]) -> list[Hashable]:
+        """``mfc`` is done with ``ids``; return (and drop) the ids every MFC is now done with."""
+        done = []
+        for sid in ids:
+            entry = self._entry(sid)
+            entry.finished.add(mfc)
+            if entry.finished >= self.mfc_names:
+                done.append(sid)
+        for sid in done:
+            del self.entries[sid]
+        self._changed()
+        return done
+
+    def live_steps(self) -> set[int]:
+        return {e.step for e in self.entries.values()}

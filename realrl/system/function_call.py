@@ -1,0 +1,110 @@
+"""One model function call as the master runs it: take ids, split over dp ranks, move, compute.
+
+Everything one call asks of the workers is posted in one synchronous burst (no ``await`` in
+between), one request per worker, so every worker sees the calls in the same global order: that
+is what keeps torch.distributed transfers and data-parallel collectives free of deadlocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Hashable
+from typing import Any
+
+from realrl.api.core.data_api import MicroBatchSpec
+from realrl.api.core.dfg import MFCDef
+from realrl.api.core.system_api import model_worker_name
+from realrl.system.buffer import SampleBuffer
+from realrl.system.data_transfer import plan_transfers
+from realrl.system.protocol import MFCCall, MFCReply, MFCRequest
+from realrl.system.request_reply_stream import MasterStream, wait_reply
+
+TAG_MODULUS = 2**30
+
+
+@dataclasses.dataclass
+class CallResult:
+    ids: list[Hashable]
+    stats: dict[str, float]
+    seconds: float
+    n_tokens: int
+
+
+class TagCounter:
+    """Unique torch.distributed tags for transfer pieces."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self, n: int) -> int:
+        first = self.next
+        self.next = (self.next + n) % TAG_MODULUS
+        return first
+
+
+async def run_call(
+    mfc: MFCDef,
+    step: int,
+    workers: list[int],
+    buffer: SampleBuffer,
+    stream: MasterStream,
+    tags: TagCounter,
+    timeout: float,
+) -> CallResult:
+    """Run ``mfc`` for ``step`` on the workers of its dp ranks; update the buffer with its outputs."""
+    ids = await buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
+    tik = time.monotonic()
+    meta = buffer.gather_meta(ids, mfc.input_keys)
+    parts = meta.split(MicroBatchSpec(n_mbs=len(workers)))  # token-balanced, contiguous
+    requests: dict[int, MFCRequest] = {}
+    for dp_rank, (w, part) in enumerate(zip(workers, parts)):
+        pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, tags.take(0))
+        for p in pieces:
+            p.tag = tags.take(1)
+            requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
+        requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
+        requests[w].call = MFCCall(mfc.name, step, dp_rank, part)
+    futures = {w: stream.post(model_worker_name(w), "mfc", req) for w, req in sorted(requests.items())}
+    replies: dict[int, MFCReply] = {}
+    for w, fut in futures.items():
+        replies[w] = await wait_reply(fut, model_worker_name(w), f"mfc {mfc.name}", timeout)
+    stats: dict[str, list[float]] = {}
+    for w, part in zip(workers, parts):
+        buffer.add_owner(part.ids, mfc.input_keys, w)  # it now holds copies of what it received
+        reply = replies[w]
+        if reply.meta is not None:
+            buffer.update(reply.meta, owner=w)
+        for k, v in (reply.stats or {}).items():
+            stats.setdefault(k, []).append(v)
+    return CallResult(
+        ids=ids,
+        stats={k: sum(v) / len(v) for k, v in stats.items()},  # mean over dp ranks
+        seconds=time.monotonic() - tik,
+        n_tokens=sum(meta.token_counts()),
+    )
+
+
+async def post_all(stream: MasterStream, requests: dict[int, Any], handler: str, timeout: float) -> dict:
+    """Post ``requests[w]`` to every worker ``w`` at once; their replies by worker index."""
+    futures = {w: stream.post(model_worker_name(w), handler, data) for w, data in requests.items()}
+    return {w: await wait_reply(f, model_worker_name(w), handler, timeout) for w, f in futures.items()}
+
+
+async def run_guarded(work: list[asyncio.Task], guard: asyncio.Task) -> None:
+    """Wait until every ``work`` task is done; the first failure (of work or of the ``guard``,
+    which only ever ends by raising) cancels everything else and is raised."""
+    everything = asyncio.gather(*work)
+    try:
+        await asyncio.wait([everything, guard], return_when=asyncio.FIRST_COMPLETED)
+        if guard.done():
+            guard.result()  # raises the guard's error
+        everything.result()
+    finally:
+        for t in [*work, guard]:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*work, guard, return_exceptions=True)
+        if everything.done() and not everything.cancelled():
+            everything.exception()  # mark as retrieved

@@ -1,0 +1,193 @@
+"""Starting, watching and stopping model workers: subprocesses (local) or Ray actors (ray).
+
+Both launchers give the master a ``check()`` that raises ``WorkerLostError`` naming a worker that
+died, and a ``stop()`` that leaves no worker behind. Local workers run in their own process
+group (Ctrl-C reaches only the launcher, which then stops them), die with the launcher
+(``PR_SET_PDEATHSIG``), and exit on their own when the master stops answering heartbeats.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+
+from realrl.api.core.system_api import ModelWorkerConfig, NameResolveConfig
+from realrl.base import logging
+from realrl.base.name_resolve import NameRecordRepository, make_repository
+from realrl.system.model_worker import ModelWorker
+from realrl.system.request_reply_stream import Codec, WorkerLostError
+
+logger = logging.getLogger("launcher")
+
+SECRET_ENV = "REALRL_RUN_SECRET"
+
+
+def make_name_record(cfg: NameResolveConfig) -> NameRecordRepository:
+    if cfg.kind == "ray":
+        from realrl.base.name_resolve_ray import RayNameRecordRepository
+
+        return RayNameRecordRepository(cfg.namespace)
+    return make_repository(cfg.kind, root=cfg.root)
+
+
+def run_model_worker(config: ModelWorkerConfig, secret: bytes, exit_on_master_lost: bool = True) -> None:
+    record = make_name_record(config.name_resolve)
+    ModelWorker(config, Codec(secret), record, exit_on_master_lost=exit_on_master_lost).run()
+
+
+def worker_log_path(log_dir: str, worker_name: str) -> str:
+    return os.path.join(log_dir, worker_name.replace("/", "-") + ".log")
+
+
+def log_tail(path: str, n: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except OSError as e:
+        return f"(no log at {path}: {e})"
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the launcher dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class LocalLauncher:
+    def __init__(self, run_dir: str, log_dir: str, secret: bytes):
+        self.run_dir, self.log_dir, self.secret = run_dir, log_dir, secret
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, str] = {}
+
+    def start(self, configs: list[ModelWorkerConfig]) -> None:
+        os.makedirs(self.log_dir, exist_ok=True)
+        path = os.path.join(self.run_dir, "worker_configs.pkl")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(configs, f)
+        env = {
+            **os.environ,
+            SECRET_ENV: self.secret.hex(),
+            "PYTHONUNBUFFERED": "1",
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+        atexit.register(self.stop)
+        for cfg in configs:
+            name = cfg.worker_name
+            self.logs[name] = worker_log_path(self.log_dir, name)
+            with open(self.logs[name], "w") as log:
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "realrl.apps.remote", path, str(cfg.worker_index)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            logger.info("started %s (pid %d), log %s", name, self.procs[name].pid, self.logs[name])
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            rc = proc.poll()
+            if rc is None:
+                continue
+            how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+            raise WorkerLostError(name, f"its process (pid {proc.pid}) {how} before the run finished")
+
+    def log_tail(self, name: str, n: int = 20) -> str:
+        return log_tail(self.logs.get(name, worker_log_path(self.log_dir, name)), n)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Wait ``grace`` s for workers asked to exit, then SIGTERM, then SIGKILL their groups."""
+        deadline = time.monotonic() + grace
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            alive = [p for p in self.procs.values() if p.poll() is None]
+            if not alive:
+                break
+            for p in alive:
+                if sig is not None:
+                    try:
+                        os.killpg(p.pid, sig)
+                    except ProcessLookupError:
+                        pass
+            for p in alive:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            deadline = time.monotonic() + 3.0
+        atexit.unregister(self.stop)
+
+
+class RayWorkerActor:
+    """Wrapped with ``ray.remote`` by ``RayLauncher``; ``run`` blocks for the worker's whole life."""
+
+    def run(self, config: ModelWorkerConfig, secret: bytes, log_path: str) -> int:
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        handler = logging.add_file_handler(log_path)
+        try:
+            run_model_worker(config, secret)
+        except BaseException:
+            logging.getLogger("launcher").exception("%s failed", config.worker_name)
+            raise
+        finally:
+            handler.flush()
+        return 0
+
+
+class RayLauncher:
+    """Workers as Ray actors on the cluster ``ray.init`` connected this driver to."""
+
+    def __init__(self, log_dir: str, secret: bytes, cpus_per_worker: float = 1.0):
+        self.log_dir, self.secret, self.cpus = log_dir, secret, cpus_per_worker
+        self.actors: dict[str, object] = {}
+        self.refs: dict[str, object] = {}
+
+    def start(self, configs: list[ModelWorkerConfig]) -> None:
+        import ray
+
+        actor_cls = ray.remote(RayWorkerActor)
+        for cfg in configs:
+            name = cfg.worker_name
+            actor = actor_cls.options(num_cpus=self.cpus, max_restarts=0).remote()
+            self.actors[name] = actor
+            self.refs[name] = actor.run.remote(cfg, self.secret, worker_log_path(self.log_dir, name))
+            logger.info("started %s as a Ray actor", name)
+
+    def check(self) -> None:
+        import ray
+
+        ready, _ = ray.wait(list(self.refs.values()), num_returns=len(self.refs), timeout=0)
+        for name, ref in self.refs.items():
+            if ref not in ready:
+                continue
+            try:
+                ray.get(ref)
+                reason = "its actor returned before the run finished"
+            except ray.exceptions.RayActorError as e:
+                reason = f"its actor died: {e}"
+            except ray.exceptions.RayTaskError as e:
+                reason = f"its actor failed: {e}"
+            raise WorkerLostError(name, reason)
+
+    def log_tail(self, name: str, n: int = 20) -> str:
+        return log_tail(worker_log_path(self.log_dir, name), n)
+
+    def stop(self, grace: float = 5.0) -> None:
+        import ray
+
+        if self.refs:
+            ray.wait(list(self.refs.values()), num_returns=len(self.refs), timeout=grace)
+        for actor in self.actors.values():
+            ray.kill(actor, no_restart=True)
+        self.actors.clear()

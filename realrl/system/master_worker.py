@@ -1,0 +1,215 @@
+"""The master worker: walks the MFC graph for the configured steps, holding metadata only.
+
+One coroutine per MFC takes its batch from the buffer as soon as its input keys are ready; a
+loader coroutine fetches dataset batches (at most two steps live at once); a guard coroutine
+turns a dead or silent worker into an error naming it. Parameter-version rule (DESIGN §4): a
+non-training call of a model at step k waits until every training call of that model finished
+step k - 1, so the next ``actor_gen`` samples from the policy ``actor_train`` just updated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+
+from realrl.api.core.dfg import MFCDef, ModelInterfaceType
+from realrl.api.core.model_api import FinetuneSpec
+from realrl.api.core.system_api import ExperimentConfig, model_worker_name
+from realrl.base import logging
+from realrl.system.buffer import SampleBuffer
+from realrl.system.function_call import TagCounter, post_all, run_call, run_guarded
+from realrl.system.protocol import FetchRequest, InitializeRequest, SetupRequest
+from realrl.system.request_reply_stream import MasterStream, WorkerLostError
+
+logger = logging.getLogger("master_worker")
+
+MAX_LIVE_STEPS = 2
+
+
+class Progress:
+    """Counters the coroutines wait on: calls finished per MFC, steps finished."""
+
+    def __init__(self, mfc_names: list[str]):
+        self.calls_done = dict.fromkeys(mfc_names, 0)
+        self.steps_done = 0
+        self._waiters: list[asyncio.Future] = []
+
+    def notify(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+
+
+class MasterWorker:
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        stream: MasterStream,
+        check_workers: Callable[[], None] | None = None,
+    ):
+        self.config = config
+        self.stream = stream
+        self.check_workers = check_workers or (lambda: None)
+        self.workers = list(range(config.n_model_workers))
+        self.worker_names = [model_worker_name(w) for w in self.workers]
+        self.buffer = SampleBuffer(m.name for m in config.mfcs)
+        self.progress = Progress([m.name for m in config.mfcs])
+        self.tags = TagCounter()
+        self.records: dict[int, dict] = {}
+        self.stats: list[dict] = []  # one finished record per step, in order
+        self.total_steps = 0
+        self.steps_per_epoch = 0
+        self.stats_path = os.path.join(config.run_dir, "stats.jsonl")
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    async def run(self) -> list[dict]:
+        self.stream.start()
+        cfg = self.config
+        guard = asyncio.get_running_loop().create_task(self._guard())
+        try:
+            setup = asyncio.get_running_loop().create_task(self._setup())
+            await run_guarded([setup], guard)
+            guard = asyncio.get_running_loop().create_task(self._guard())
+            work = [asyncio.get_running_loop().create_task(self._load_data())]
+            work += [asyncio.get_running_loop().create_task(self._run_mfc(m)) for m in cfg.mfcs]
+            await run_guarded(work, guard)
+        finally:
+            if not guard.done():
+                guard.cancel()
+        logger.info(
+            "experiment %s/%s finished %d steps", cfg.experiment_name, cfg.trial_name, self.total_steps
+        )
+        return self.stats
+
+    async def _setup(self) -> None:
+        cfg, t = self.config, self.config.timeouts
+        await self.stream.wait_hello(self.worker_names, t.connect, check=self.check_workers)
+        logger.info("all %d model workers connected", len(self.workers))
+        replies = await post_all(
+            self.stream, dict.fromkeys(self.workers, SetupRequest(cfg.allocations)), "setup", t.setup
+        )
+        owners = cfg.allocations[cfg.owner_role()]
+        per_rank = self._per_rank_counts(len(owners))
+        sizes = [replies[w].dataset_size for w in owners]
+        self.steps_per_epoch = min(s // n for s, n in zip(sizes, per_rank))
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"dataset shards have {sizes} samples but each step takes {per_rank} from them "
+                f"(n_seqs={cfg.batch_size}); use a larger dataset or a smaller n_seqs"
+            )
+        self.total_steps = cfg.total_train_epochs * self.steps_per_epoch
+        if cfg.total_train_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.total_train_steps)
+        ft_spec = FinetuneSpec(cfg.total_train_epochs, sum(sizes), cfg.batch_size)
+        await post_all(
+            self.stream, dict.fromkeys(self.workers, InitializeRequest(ft_spec)), "initialize", t.setup
+        )
+        logger.info(
+            "setup done: %d samples, %d steps/epoch, %d steps",
+            sum(sizes),
+            self.steps_per_epoch,
+            self.total_steps,
+        )
+
+    def _per_rank_counts(self, dp_size: int) -> list[int]:
+        n = self.config.batch_size
+        return [n // dp_size + (r < n % dp_size) for r in range(dp_size)]
+
+    async def _guard(self) -> None:
+        """Raise as soon as the launcher reports a dead worker or one stops heartbeating."""
+        t = self.config.timeouts
+        while True:
+            self.check_workers()
+            silent = self.stream.silent_workers(self.worker_names, t.heartbeat)
+            if silent:
+                w, s = silent[0]
+                raise WorkerLostError(w, f"no heartbeat for {s:.1f} s (limit {t.heartbeat} s)")
+            await asyncio.sleep(0.2)
+
+    async def _load_data(self) -> None:
+        cfg = self.config
+        owners = cfg.allocations[cfg.owner_role()]
+        counts = self._per_rank_counts(len(owners))
+        for step in range(self.total_steps):
+            await self.progress.wait_for(lambda s=step: s - self.progress.steps_done < MAX_LIVE_STEPS)
+            new_epoch = step > 0 and step % self.steps_per_epoch == 0
+            requests = {w: FetchRequest(n, step, new_epoch) for w, n in zip(owners, counts)}
+            replies = await post_all(self.stream, requests, "fetch", cfg.timeouts.request)
+            for w in owners:
+                self.buffer.add(replies[w].meta, owner=w, step=step)
+            self.records[step] = {"step": step + 1, "epoch": replies[owners[0]].epoch + 1, "timing": {}}
+
+    async def _run_mfc(self, mfc: MFCDef) -> None:
+        cfg = self.config
+        trains = [
+            m.name
+            for m in cfg.mfcs
+            if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
+        ]
+        for step in range(self.total_steps):
+            if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP:
+                await self.progress.wait_for(
+                    lambda s=step: all(self.progress.calls_done[t] >= s for t in trains)
+                )
+            result = await run_call(
+                mfc,
+                step,
+                cfg.allocations[mfc.role],
+                self.buffer,
+                self.stream,
+                self.tags,
+                cfg.timeouts.request,
+            )
+            done = self.buffer.finish(mfc.name, result.ids)
+            if done:
+                await post_all(self.stream, dict.fromkeys(self.workers, done), "clear", cfg.timeouts.request)
+            record = self.records[step]
+            record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
+            record["timing"][mfc.name] = round(result.seconds, 4)
+            self.progress.calls_done[mfc.name] += 1
+            self._maybe_finish_step(step)
+            self.progress.notify()
+
+    def _maybe_finish_step(self, step: int) -> None:
+        while self.progress.steps_done < self.total_steps and all(
+            n > self.progress.steps_done for n in self.progress.calls_done.values()
+        ):
+            done = self.progress.steps_done
+            record = self.records.pop(done)
+            record["time"] = time.time()
+            self.stats.append(record)
+            with open(self.stats_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            logger.info("step %d/%d done: %s", done + 1, self.total_steps, _brief(record))
+            self.progress.steps_done += 1
+
+    # -- shutdown ----------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Ask every worker to exit; a worker that does not answer is left to the launcher."""
+        futures = []
+        for name in self.worker_names:
+            try:
+                futures.append(self.stream.post(name, "exit"))
+            except WorkerLostError:
+                continue
+        if futures:
+            await asyncio.wait(futures, timeout=self.config.timeouts.shutdown)
+        for f in futures:
+            if f.done() and not f.cancelled():
+                f.exception()
+
+
+def _brief(record: dict) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float) and "/" in k)

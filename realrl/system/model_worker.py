@@ -1,0 +1,284 @@
+"""A model worker: holds model shards, the data shard and the tensors of live samples.
+
+It answers the master's requests in order (``setup``, ``initialize``, ``fetch``, ``mfc``,
+``clear``); replies carry metadata and stats only, tensors stay here or move directly to another
+worker (``data_transfer``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.util
+import os
+import sys
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from realrl.api.core import data_api, model_api
+from realrl.api.core.config import ModelBackendAbstraction
+from realrl.api.core.data_api import SequenceSample
+from realrl.api.core.dfg import MFCDef, ModelInterfaceType
+from realrl.api.core.system_api import ModelWorkerConfig
+from realrl.base import logging, network, seeding
+from realrl.base.name_resolve import NameRecordRepository
+from realrl.system import names
+from realrl.system.data_transfer import TensorStore, run_transfers
+from realrl.system.protocol import (
+    FetchReply,
+    FetchRequest,
+    InitializeRequest,
+    MFCReply,
+    MFCRequest,
+    SetupReply,
+    SetupRequest,
+)
+from realrl.system.request_reply_stream import Codec
+from realrl.system.worker_base import WorkerBase
+
+logger = logging.getLogger("model_worker")
+
+
+def import_plugins(modules: list[str]) -> None:
+    """Import ``realrl.impl`` and the user's plugin modules (dotted names or ``.py`` paths)."""
+    importlib.import_module("realrl.impl")
+    for mod in modules:
+        if mod.endswith(".py"):
+            path = os.path.abspath(mod)
+            name = "realrl_plugin_" + os.path.splitext(os.path.basename(path))[0]
+            if name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot import plugin file {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(mod)
+
+
+class ShardLoader:
+    """This worker's dataset shard, reshuffled every epoch from (seed, epoch, dp rank)."""
+
+    def __init__(self, dataset, seed: int, dp_rank: int):
+        if len(dataset) == 0:
+            raise ValueError(f"dataset shard {dp_rank} is empty")
+        self.dataset, self.seed, self.dp_rank = dataset, seed, dp_rank
+        self.epoch, self.pos, self.order = 0, 0, self._order(0)
+
+    def _order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(seeding.process_seed(self.seed + epoch, self.dp_rank))
+        return torch.randperm(len(self.dataset), generator=g).tolist()
+
+    def next(self, n: int, new_epoch: bool) -> tuple[SequenceSample, int]:
+        """The next ``n`` samples; ``new_epoch`` (decided by the master for every shard at once)
+        drops the rest of this epoch and reshuffles."""
+        if new_epoch:
+            self.epoch, self.pos = self.epoch + 1, 0
+            self.order = self._order(self.epoch)
+        if self.pos + n > len(self.dataset):
+            raise ValueError(
+                f"dataset shard {self.dp_rank} has {len(self.dataset) - self.pos} samples left in epoch "
+                f"{self.epoch}, asked for {n}"
+            )
+        items = []
+        for i in self.order[self.pos : self.pos + n]:
+            item = self.dataset[i]
+            item.ids = [f"{sid}@e{self.epoch}" for sid in item.ids]  # unique across epochs
+            items.append(item)
+        self.pos += n
+        return SequenceSample.gather(items), self.epoch
+
+
+class ModelWorker(WorkerBase):
+    def __init__(self, config: ModelWorkerConfig, codec: Codec, name_record: NameRecordRepository, **kwargs):
+        super().__init__(
+            config.worker_name,
+            codec,
+            name_record,
+            config.experiment_name,
+            config.trial_name,
+            config.timeouts,
+            **kwargs,
+        )
+        self.config = config
+        self.mfcs: dict[str, MFCDef] = {m.name: m for m in config.mfcs}
+        self.store = TensorStore()
+        self.models: dict[str, model_api.Model] = {}
+        self.interfaces: dict[str, model_api.ModelInterface] = {}
+        self.dp_groups: dict[str, dist.ProcessGroup | None] = {}
+        self.loader: ShardLoader | None = None
+        self.tokenizer = None
+        self.handlers = {
+            "setup": self.setup,
+            "initialize": self.initialize,
+            "fetch": self.fetch,
+            "mfc": self.run_mfc,
+            "clear": self.clear,
+        }
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _init_process_group(self) -> None:
+        cfg = self.config
+        key = names.dist_store(cfg.experiment_name, cfg.trial_name)
+        if cfg.worker_index == 0:
+            host = cfg.bind_host or _node_ip()
+            self.name_record.add(key, f"{host}:{network.find_free_port(host)}", replace=True)
+        address = self.name_record.wait(key, timeout=self.timeouts.setup)
+        if cfg.bind_host == network.LOOPBACK:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{address}",
+            rank=cfg.worker_index,
+            world_size=cfg.n_model_workers,
+            timeout=datetime.timedelta(seconds=self.timeouts.transfer),
+        )
+
+    def setup(self, req: SetupRequest) -> SetupReply:
+        cfg = self.config
+        import_plugins(cfg.import_modules)
+        seeding.set_random_seed(cfg.seed, cfg.worker_index)
+        self._init_process_group()
+        for role, workers in sorted(req.dp_groups.items()):  # every rank creates every group, same order
+            group = dist.new_group(sorted(workers)) if len(workers) > 1 else None
+            if cfg.worker_index in workers:
+                self.dp_groups[role] = group
+        if cfg.tokenizer_path:
+            self.tokenizer = data_api.load_hf_tokenizer(cfg.tokenizer_path)
+        if cfg.dataset_dp_rank is None:
+            return SetupReply(None)
+        datasets = [
+            data_api.make_dataset(d, cfg.seed, cfg.dataset_dp_rank, cfg.dataset_dp_size, self.tokenizer)
+            for d in cfg.datasets
+        ]
+        dataset = datasets[0] if len(datasets) == 1 else torch.utils.data.ConcatDataset(datasets)
+        self.loader = ShardLoader(dataset, cfg.seed, cfg.dataset_dp_rank)
+        logger.info(
+            "%s loaded dataset shard %d/%d: %d samples",
+            self.name,
+            cfg.dataset_dp_rank,
+            cfg.dataset_dp_size,
+            len(dataset),
+        )
+        return SetupReply(len(dataset))
+
+    def initialize(self, req: InitializeRequest) -> None:
+        cfg = self.config
+        for shard in sorted(cfg.shards, key=lambda s: s.role):
+            seeding.set_random_seed(cfg.seed)  # every dp rank starts from the same weights
+            model = model_api.make_model(shard.spec.model, shard.model_name, cfg.device)
+            if model.tokenizer is None:
+                model.tokenizer = self.tokenizer
+            backend = _make_backend(shard.spec.backend, self.dp_groups.get(shard.role))
+            self.models[shard.role] = backend.initialize(model, req.ft_spec)
+        for mfc_name, impl in cfg.interfaces.items():
+            self.interfaces[mfc_name] = model_api.make_interface(impl)
+        logger.info(
+            "%s built models %s and interfaces %s", self.name, sorted(self.models), sorted(self.interfaces)
+        )
+
+    # -- data ------------------------------------------------------------------------------------
+
+    def fetch(self, req: FetchRequest) -> FetchReply:
+        if self.loader is None:
+            raise RuntimeError(f"{self.name} holds no dataset shard but was asked to fetch")
+        sample, epoch = self.loader.next(req.n, req.new_epoch)
+        self.store.put(sample)
+        return FetchReply(sample.meta(), epoch)
+
+    def clear(self, ids: list) -> int:
+        return self.store.drop(ids)
+
+    # -- model function calls --------------------------------------------------------------------
+
+    def run_mfc(self, req: MFCRequest) -> MFCReply:
+        run_transfers(self.store, req.pieces, self.config.worker_index, self.timeouts.transfer)
+        call = req.call
+        if call is None:
+            return MFCReply()
+        mfc = self.mfcs[call.mfc]
+        data = self.store.assemble(call.input_meta)
+        if mfc.input_key_remap:
+            data.remap_keys_(mfc.input_key_remap)
+        model = self.models[mfc.role]
+        interface = self.interfaces[mfc.name]
+        # Every call draws from its own stream, so results do not depend on how calls of
+        # different models interleave on this worker (same seed, same numbers, any launcher).
+        seeding.set_random_seed(
+            (self.config.seed * 1_000_003 + zlib.crc32(mfc.name.encode()) + call.step) % 2**31, call.dp_rank
+        )
+        if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
+            stats = interface.train_step(model, data, mfc.mb_spec)
+            model.inc_version()
+            return MFCReply(stats=_float_stats(stats, mfc.name))
+        if mfc.interface_type is ModelInterfaceType.GENERATE:
+            out = interface.generate(model, data, mfc.mb_spec)
+        elif mfc.interface_type is ModelInterfaceType.INFERENCE:
+            out = interface.inference(model, data, mfc.mb_spec)
+        else:
+            raise ValueError(
+                f"MFC {mfc.name!r}: the runtime does not schedule {mfc.interface_type.value} calls"
+            )
+        return MFCReply(meta=self._keep_outputs(mfc, data, out))
+
+    def _keep_outputs(
+        self, mfc: MFCDef, data: SequenceSample, out: SequenceSample | None
+    ) -> SequenceSample | None:
+        if not mfc.output_keys:
+            return None
+        if not isinstance(out, SequenceSample):
+            raise TypeError(
+                f"MFC {mfc.name!r}: the interface returned {type(out).__name__}, not a SequenceSample"
+            )
+        if mfc.output_key_remap:
+            out.remap_keys_({k: v for k, v in mfc.output_key_remap.items() if k in out.keys})
+        missing = set(mfc.output_keys) - out.keys
+        if missing:
+            raise ValueError(
+                f"MFC {mfc.name!r}: the interface did not produce keys {sorted(missing)} (it produced {sorted(out.keys)})"
+            )
+        if out.ids != data.ids:
+            raise ValueError(
+                f"MFC {mfc.name!r}: the output ids {out.ids[:4]}... differ from the input ids {data.ids[:4]}..."
+            )
+        out = out.select(mfc.output_keys)
+        self.store.put(out)
+        return out.meta()
+
+
+def _make_backend(cfg: ModelBackendAbstraction, dp_group: dist.ProcessGroup | None):
+    """A backend that synchronises data-parallel ranks gets their group as ``dp_group``."""
+    if dp_group is None or "dp_group" in cfg.args:
+        return model_api.make_backend(cfg)
+    try:
+        return model_api.make_backend(ModelBackendAbstraction(cfg.type_, {**cfg.args, "dp_group": dp_group}))
+    except TypeError as e:
+        if "dp_group" not in str(e):
+            raise
+        return model_api.make_backend(cfg)  # a backend with nothing to synchronise (inference, null)
+
+
+def _float_stats(stats, mfc_name: str) -> dict[str, float]:
+    if stats is None:
+        return {}
+    if not isinstance(stats, dict):
+        raise TypeError(
+            f"MFC {mfc_name!r}: train_step returned {type(stats).__name__}, expected a dict of stats"
+        )
+    out = {}
+    for k, v in stats.items():
+        if isinstance(v, torch.Tensor):
+            v = v.item()
+        out[str(k)] = float(v)
+    return out
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()

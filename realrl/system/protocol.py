@@ -1,0 +1,61 @@
+"""Payloads of the master's requests to model workers and of their replies."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from realrl.api.core.data_api import SequenceSample
+from realrl.api.core.model_api import FinetuneSpec
+from realrl.system.data_transfer import TransferPiece
+
+
+@dataclasses.dataclass
+class SetupRequest:
+    dp_groups: dict[str, list[int]]  # every role's workers: all workers create the same groups
+
+
+@dataclasses.dataclass
+class SetupReply:
+    dataset_size: int | None  # this worker's shard size, None if it loads no data
+
+
+@dataclasses.dataclass
+class InitializeRequest:
+    ft_spec: FinetuneSpec
+
+
+@dataclasses.dataclass
+class FetchRequest:
+    n: int  # samples to hand out from this worker's shard
+    step: int
+    new_epoch: bool = False  # start the next epoch first (drop the rest of this one, reshuffle)
+
+
+@dataclasses.dataclass
+class FetchReply:
+    meta: SequenceSample
+    epoch: int
+
+
+@dataclasses.dataclass
+class MFCCall:
+    """Run ``mfc`` on ``input_meta`` (graph key names; this worker's dp share) at ``step``."""
+
+    mfc: str
+    step: int
+    dp_rank: int
+    input_meta: SequenceSample
+
+
+@dataclasses.dataclass
+class MFCRequest:
+    """One worker's part of one call: tensors to send and receive, then maybe a computation."""
+
+    pieces: list[TransferPiece]
+    call: MFCCall | None = None
+
+
+@dataclasses.dataclass
+class MFCReply:
+    meta: SequenceSample | None = None  # produced keys (graph names), metadata only
+    stats: dict[str, float] | None = None
