@@ -1,0 +1,155 @@
+"""Small helpers every interface shares: masks, per-sequence views, output samples, saving."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Hashable
+from typing import Any, TypeVar
+
+import torch
+
+from realrl.api.core.data_api import SequenceSample
+from realrl.api.core.model_api import Model
+from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs, shifted_token_mask
+from realrl.impl.model.utils.ppo_functional import response_loss_mask
+
+INPUT_KEY = "packed_input_ids"
+T = TypeVar("T")
+
+
+def coerce_config(cls: type[T], value: T | dict[str, Any] | None, what: str) -> T:
+    """A dataclass from itself, a dict of its fields (hydra / JSON args) or None (defaults)."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"{what}: unknown option(s) {unknown}; known: {sorted(known)}")
+        return cls(**value)
+    raise TypeError(f"{what}: expected {cls.__name__} or dict, got {type(value).__name__}")
+
+
+def require_keys(data: SequenceSample, keys: tuple[str, ...], where: str) -> None:
+    if data.data is None:
+        raise ValueError(f"{where}: the input is metadata only (ids {data.ids[:4]}...)")
+    missing = [k for k in keys if k not in data.keys or data.data[k] is None]
+    if missing:
+        raise ValueError(f"{where}: input lacks key(s) {missing} (has {sorted(data.keys)})")
+
+
+def cu_seqlens_on(data: SequenceSample, device: torch.device | str, key: str = INPUT_KEY) -> torch.Tensor:
+    return data.cu_seqlens(key).to(device)
+
+
+def answer_loss_mask(data: SequenceSample, device: torch.device | str | None = None) -> torch.Tensor:
+    """bool [T - B]: predict token j + 1 where it is not a prompt token; every token without a
+    ``prompt_mask`` key."""
+    ids = data.data[INPUT_KEY]
+    device = device or ids.device
+    cu = cu_seqlens_on(data, device)
+    if "prompt_mask" in data.keys and data.data["prompt_mask"] is not None:
+        return response_loss_mask(data.data["prompt_mask"].to(device), cu)
+    return torch.ones(ids.shape[0] - (cu.shape[0] - 1), dtype=torch.bool, device=device)
+
+
+def packed_logprobs(logits: torch.Tensor, mb: SequenceSample, temperature: float = 1.0) -> torch.Tensor:
+    """``packed_logprobs`` alignment from a micro-batch's logits, divided by ``temperature``
+    (seed 002 PPO detail "scale the logits by sampling temperature")."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    ids = mb.data[INPUT_KEY].to(logits.device)
+    return gather_packed_shifted_log_probs(logits, cu_seqlens_on(mb, logits.device), ids)
+
+
+def scalar_output(output: torch.Tensor) -> torch.Tensor:
+    """A critic / reward head's output as float [T] (accepts [T] or [T, 1])."""
+    if output.dim() == 2 and output.shape[-1] == 1:
+        output = output.squeeze(-1)
+    if output.dim() != 1:
+        raise ValueError(f"expected a scalar head output [T] or [T, 1], got shape {tuple(output.shape)}")
+    return output.float()
+
+
+def drop_last_token(x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Per-token [T] -> token-minus-one [T - B] by dropping each sequence's last entry."""
+    return x[shifted_token_mask(cu_seqlens)]
+
+
+def sequence_ids(data: SequenceSample, key: str = INPUT_KEY) -> list[Hashable]:
+    """One entry per sequence: the id of the sample it belongs to (``id`` or ``id#k``)."""
+    out: list[Hashable] = []
+    for sid, lens in zip(data.ids, data.seqlens[key]):
+        out.extend([sid] if len(lens) == 1 else [f"{sid}#{k}" for k in range(len(lens))])
+    return out
+
+
+def per_sequence_sample(
+    data: SequenceSample, key: str, values: torch.Tensor, ref_key: str = INPUT_KEY
+) -> SequenceSample:
+    """A ``SequenceSample`` holding one value of ``key`` per sequence of ``ref_key``."""
+    n_per_sample = [len(x) for x in data.seqlens[ref_key]]
+    return SequenceSample(
+        keys={key},
+        trailing_shapes={key: tuple(values.shape[1:])},
+        dtypes={key: values.dtype},
+        ids=list(data.ids),
+        seqlens={key: [[1] * n for n in n_per_sample]},
+        data={key: values},
+    )
+
+
+def token_minus_one_sample(data: SequenceSample, key: str, values: torch.Tensor) -> SequenceSample:
+    """A ``SequenceSample`` holding ``key`` with L - 1 entries per sequence of ``packed_input_ids``."""
+    return SequenceSample(
+        keys={key},
+        trailing_shapes={key: tuple(values.shape[1:])},
+        dtypes={key: values.dtype},
+        ids=list(data.ids),
+        seqlens={key: [[max(n - 1, 0) for n in row] for row in data.seqlens[INPUT_KEY]]},
+        data={key: values},
+    )
+
+
+def token_sample(data: SequenceSample, key: str, values: torch.Tensor) -> SequenceSample:
+    """A ``SequenceSample`` holding ``key`` with L entries per sequence of ``packed_input_ids``."""
+    return SequenceSample(
+        keys={key},
+        trailing_shapes={key: tuple(values.shape[1:])},
+        dtypes={key: values.dtype},
+        ids=list(data.ids),
+        seqlens={key: [list(row) for row in data.seqlens[INPUT_KEY]]},
+        data={key: values},
+    )
+
+
+def save_model(model: Model, save_dir: str, extra: dict[str, Any] | None = None) -> None:
+    """HF-format weights through the engine (or module), the tokenizer, and ``extra`` as JSON
+    files (``{name}.json``) beside them, e.g. the reward normalisation."""
+    os.makedirs(save_dir, exist_ok=True)
+    target = model.module
+    if hasattr(target, "save_pretrained"):
+        target.save_pretrained(save_dir)
+    else:
+        raise TypeError(f"model {model.name}: {type(target).__name__} offers no save_pretrained(dir)")
+    if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
+        model.tokenizer.save_pretrained(save_dir)
+    for name, value in (extra or {}).items():
+        tmp = os.path.join(save_dir, f"{name}.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=2)
+        os.replace(tmp, os.path.join(save_dir, f"{name}.json"))
+
+
+def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Average a list of stat dicts key by key (keys missing from some dicts average the rest)."""
+    out: dict[str, list[float]] = {}
+    for s in stats:
+        for k, v in s.items():
+            out.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in out.items()}

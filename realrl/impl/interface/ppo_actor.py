@@ -1,0 +1,186 @@
+"""``ppo_actor`` (and ``grpo_actor``): the policy's generate, reference inference and PPO update.
+
+One interface serves three MFCs (DESIGN §3): ``actor_gen`` (``generate``), ``ref_inf``
+(``inference`` on the frozen reference -> ``packed_ref_logprobs``) and ``actor_train``
+(``train_step``). Options: ``PPOHyperparameters`` (``ppo_config.py``), chosen by ``preset``
+("real", "lm_human_preferences", "grpo") and overridden field by field through ``ppo``.
+
+GRPO is ``adv_estimator="grpo"`` of this interface; ``grpo_actor`` is the same class with the
+"grpo" preset, so a GRPO graph simply has no critic and no ``values`` input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
+from realrl.api.core.model_api import Model, ModelInterface, register_interface
+from realrl.base import logging
+from realrl.impl.interface.common import (
+    INPUT_KEY,
+    mean_stats,
+    packed_logprobs,
+    require_keys,
+    save_model,
+    token_minus_one_sample,
+)
+from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
+from realrl.impl.interface.ppo_rollout import (
+    prepare_advantages,
+    resolve_token_id,
+    rollout_kl,
+    rollout_sample,
+    shuffled_minibatches,
+    truncate_generation,
+)
+from realrl.impl.model.utils import ppo_functional as F
+
+logger = logging.getLogger("ppo_actor")
+
+
+def make_kl_controller(hp: PPOHyperparameters) -> F.FixedKLController | F.AdaptiveKLController:
+    if hp.adaptive_kl_ctl:
+        return F.AdaptiveKLController(hp.kl_ctl, hp.adaptive_kl_target, hp.adaptive_kl_horizon)
+    return F.FixedKLController(hp.kl_ctl)
+
+
+@dataclasses.dataclass
+class PPOActorInterface(ModelInterface):
+    ppo: PPOHyperparameters | dict[str, Any] | None = None
+    preset: str | None = None
+    recompute_logprobs: bool = False  # re-run the actor after generation for the old log-probs
+    token_normalize_scope: str = "global"
+
+    def __post_init__(self) -> None:
+        self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
+        self.kl_ctl = make_kl_controller(self.ppo)
+
+    @property
+    def hp(self) -> PPOHyperparameters:
+        return self.ppo
+
+    @property
+    def logprob_temperature(self) -> float:
+        return self.hp.gen.temperature if self.hp.temperature_scale_logprobs else 1.0
+
+    def _truncate_id(self, model: Model) -> int | None:
+        return resolve_token_id(model.tokenizer, self.hp.truncate_token, "truncate_token")
+
+    # -- generate -----------------------------------------------------------------------------
+
+    def generate(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
+        """``packed_prompts`` -> ``packed_input_ids``, ``packed_logprobs``, ``prompt_mask``,
+        ``seq_no_eos_mask`` (``gen.n`` answers per prompt, held by the prompt's sample)."""
+        require_keys(data, ("packed_prompts",), "ppo_actor.generate")
+        mb_spec = mb_spec or MicroBatchSpec()
+        gen = model.module.generate(data, mb_spec, model.tokenizer, self.hp.gen)
+        truncate_id = self._truncate_id(model)
+        if truncate_id is not None:
+            gen = truncate_generation(gen, truncate_id, self.hp.truncate_after)
+        out = rollout_sample(data, gen)
+        if self.recompute_logprobs or self.logprob_temperature != self.hp.gen.temperature:
+            logp = self._logprobs(model, out, mb_spec) * ~_prompt_targets(out)
+            out.data["packed_logprobs"] = logp
+        return out
+
+    # -- reference inference ------------------------------------------------------------------
+
+    def _logprobs(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec) -> torch.Tensor:
+        t = self.logprob_temperature
+        return model.module.forward(
+            data, mb_spec, post_hook=lambda out, mb: packed_logprobs(out, mb, t).cpu()
+        ).float()
+
+    def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
+        """``packed_ref_logprobs`` (temperature-scaled like the actor's, seed 002 PPO detail 1)."""
+        require_keys(data, (INPUT_KEY,), "ppo_actor.inference")
+        logp = self._logprobs(model, data, mb_spec or MicroBatchSpec())
+        return token_minus_one_sample(data, "packed_ref_logprobs", logp)
+
+    # -- train --------------------------------------------------------------------------------
+
+    def _loss_fn(self, logits: torch.Tensor, mb: SequenceSample):
+        """Clipped surrogate (+ GRPO's k3 KL term), zeroed when the micro-batch's importance
+        ratio or approximate KL passes its early-stop threshold."""
+        hp = self.hp
+        logp = packed_logprobs(logits, mb, self.logprob_temperature)
+        dev = logp.device
+        mask = mb.data["ppo_loss_mask"].to(dev)
+        loss, st = F.actor_loss(
+            logp, mb.data["packed_logprobs"].to(dev), mb.data["advantages"].to(dev), hp.eps_clip, mask
+        )
+        stats = {k: float(v) for k, v in st.items()}
+        if hp.kl_loss_coef > 0:
+            kl = F.masked_mean(F.kl_divergence(logp, mb.data["packed_ref_logprobs"].to(dev), "k3"), mask)
+            loss = loss + hp.kl_loss_coef * kl
+            stats["kl_loss"] = float(kl)
+        stop = (
+            hp.early_stop_imp_ratio is not None and stats["importance_ratio"] > hp.early_stop_imp_ratio
+        ) or (hp.early_stop_kl is not None and stats["approx_kl"] > hp.early_stop_kl)
+        if stop:
+            loss = loss * 0.0
+        stats["early_stopped"] = float(stop)
+        return loss, stats
+
+    def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
+        hp = self.hp
+        needed = (
+            "packed_input_ids",
+            "packed_logprobs",
+            "packed_ref_logprobs",
+            "prompt_mask",
+            "rewards",
+            "seq_no_eos_mask",
+        )
+        require_keys(
+            data, needed + (("values",) if hp.adv_estimator == "gae" else ()), "ppo_actor.train_step"
+        )
+        truncate_id = self._truncate_id(model)
+        batch_stats: dict[str, float] = {}
+        if hp.whiten_scope == "batch":
+            data, batch_stats = prepare_advantages(hp, self.kl_ctl.value, data, truncate_id)
+        generator = torch.Generator().manual_seed(hp.shuffle_seed * 1_000_003 + model.version.global_step)
+        step_stats, prep_stats = [], []
+        for _ in range(hp.ppo_n_epochs):
+            for mb in shuffled_minibatches(data, hp.ppo_n_minibatches, generator):
+                if hp.whiten_scope == "minibatch":
+                    mb, st = prepare_advantages(hp, self.kl_ctl.value, mb, truncate_id)
+                    prep_stats.append(st)
+                step_stats.append(
+                    model.module.train_batch(
+                        input_=mb,
+                        mb_spec=mb_spec or MicroBatchSpec(),
+                        loss_fn=self._loss_fn,
+                        loss_weight_fn=lambda m: float(m.data["ppo_loss_mask"].sum()),
+                        token_normalize_scope=self.token_normalize_scope,
+                        version_steps=model.version.global_step,
+                    )
+                )
+        mean_kl, n_seqs = rollout_kl(data)
+        self.kl_ctl.update(mean_kl, n_seqs)  # seed 002 PPO detail 11 (a no-op when fixed)
+        model.inc_version()
+        stats = {**mean_stats(prep_stats), **batch_stats, **mean_stats(step_stats)}
+        stats.update(ref_kl=mean_kl, kl_coef_next=float(self.kl_ctl.value), n_updates=float(len(step_stats)))
+        return stats
+
+    def save(self, model: Model, save_dir: str) -> None:
+        save_model(model, save_dir, {"ppo_actor_state": {"kl_coef": float(self.kl_ctl.value)}})
+
+
+def _prompt_targets(data: SequenceSample) -> torch.Tensor:
+    """bool [T - B]: token j + 1 is a prompt token (its log-prob is 0 in ``packed_logprobs``)."""
+    return ~F.response_loss_mask(data.data["prompt_mask"], data.cu_seqlens(INPUT_KEY))
+
+
+@dataclasses.dataclass
+class GRPOActorInterface(PPOActorInterface):
+    """``ppo_actor`` with the "grpo" preset: K answers per prompt, no critic."""
+
+    preset: str | None = "grpo"
+
+
+register_interface("ppo_actor", PPOActorInterface)
+register_interface("grpo_actor", GRPOActorInterface)

@@ -1,0 +1,206 @@
+"""From generation to advantages: the data side of PPO / GRPO shared by actor and critic.
+
+``rollout_sample`` turns a ``GenerationOutput`` into the rollout keys (after the optional
+truncation of seed 002 PPO detail 5); ``shape_scores`` turns ``rewards`` into the score PPO
+optimises; ``prepare_advantages`` adds ``kl_rewards``, ``advantages``, ``returns`` and
+``ppo_loss_mask`` to a batch or a minibatch (both interfaces call it the same way, so the actor's
+advantages and the critic's returns agree).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from realrl.api.core.data_api import SequenceSample
+from realrl.api.core.model_api import GenerationOutput
+from realrl.impl.interface.common import INPUT_KEY, token_minus_one_sample
+from realrl.impl.interface.ppo_config import PPOHyperparameters
+from realrl.impl.model.utils import ppo_functional as F
+
+ROLLOUT_KEYS = ("packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eos_mask")
+
+
+def resolve_token_id(tokenizer: Any, token: int | str | None, what: str) -> int | None:
+    """A token given as an id or as text that the tokenizer maps to exactly one id."""
+    if token is None or isinstance(token, int):
+        return token
+    if tokenizer is None:
+        raise ValueError(f"{what}={token!r} is text but the model has no tokenizer; give a token id")
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"{what}={token!r} encodes to {len(ids)} tokens {ids}; it must be exactly one")
+    return int(ids[0])
+
+
+def truncate_generation(gen: GenerationOutput, token_id: int, after: int) -> GenerationOutput:
+    """Seed 002 PPO detail 5 "token truncation": cut each response just after the first
+    ``token_id`` at response position >= ``after``; a cut response counts as ended (no_eos 0)."""
+    seqs, lps, lens, no_eos = [], [], [], gen.no_eos.clone()
+    off_t = off_l = 0
+    for i, (L, p) in enumerate(zip(gen.seqlens, gen.prompt_lens)):
+        s, lp = gen.sequences[off_t : off_t + L], gen.logprobs[off_l : off_l + L - 1]
+        off_t, off_l = off_t + L, off_l + L - 1
+        hits = (s[p + after :] == token_id).nonzero()
+        if hits.numel():
+            L = p + after + int(hits[0, 0]) + 1
+            s, lp = s[:L], lp[: L - 1]
+            no_eos[i] = False
+        seqs.append(s)
+        lps.append(lp)
+        lens.append(L)
+    return GenerationOutput(
+        sequences=torch.cat(seqs),
+        seqlens=lens,
+        prompt_lens=list(gen.prompt_lens),
+        logprobs=torch.cat(lps),
+        no_eos=no_eos,
+    )
+
+
+def rollout_sample(data: SequenceSample, gen: GenerationOutput) -> SequenceSample:
+    """The rollout keys, one sample per prompt holding its ``n`` answers (prompt-major order)."""
+    n_prompts = data.bs
+    if len(gen.seqlens) % n_prompts:
+        raise ValueError(f"generation returned {len(gen.seqlens)} sequences for {n_prompts} prompts")
+    n = len(gen.seqlens) // n_prompts
+    rows = [gen.seqlens[i * n : (i + 1) * n] for i in range(n_prompts)]
+    return SequenceSample(
+        keys=set(ROLLOUT_KEYS),
+        trailing_shapes={k: () for k in ROLLOUT_KEYS},
+        dtypes={
+            "packed_input_ids": torch.long,
+            "packed_logprobs": torch.float32,
+            "prompt_mask": torch.bool,
+            "seq_no_eos_mask": torch.bool,
+        },
+        ids=list(data.ids),
+        seqlens={
+            "packed_input_ids": rows,
+            "prompt_mask": rows,
+            "packed_logprobs": [[x - 1 for x in r] for r in rows],
+            "seq_no_eos_mask": [[1] * n for _ in rows],
+        },
+        data={
+            "packed_input_ids": gen.sequences.long(),
+            "packed_logprobs": gen.logprobs.float(),
+            "prompt_mask": gen.prompt_mask().bool(),
+            "seq_no_eos_mask": gen.no_eos.bool(),
+        },
+        metadata={k: list(v) for k, v in data.metadata.items()},
+    )
+
+
+def _responses_missing_truncation(data: SequenceSample, token_id: int, after: int) -> torch.Tensor:
+    """bool [n_seqs]: the response does not end with ``token_id`` at position >= ``after``."""
+    cu = data.cu_seqlens(INPUT_KEY).to(data.data[INPUT_KEY].device)
+    ids, pm = data.data[INPUT_KEY], data.data["prompt_mask"].long()
+    last = (cu[1:] - 1).long()
+    prompt_lens = torch.zeros(len(last), dtype=torch.long, device=ids.device).index_add_(
+        0, torch.repeat_interleave(torch.arange(len(last), device=ids.device), (cu[1:] - cu[:-1]).long()), pm
+    )
+    response_lens = (cu[1:] - cu[:-1]).long() - prompt_lens
+    found = (ids[last] == token_id) & (response_lens - 1 >= after) & (response_lens > 0)
+    return ~found
+
+
+def shape_scores(
+    hp: PPOHyperparameters, data: SequenceSample, truncate_id: int | None
+) -> tuple[torch.Tensor, dict]:
+    """The per-sequence score PPO optimises, from ``rewards``:
+    scale and bias -> truncation penalty (PPO detail 5: score := penalty) -> missing-EOS penalty
+    (score -= p) or zeroing -> clipping into [-max_reward_clip, max_reward_clip]."""
+    raw = data.data["rewards"].float()
+    no_eos = data.data["seq_no_eos_mask"].bool()
+    score = raw * hp.reward_output_scaling + hp.reward_output_bias
+    stats: dict[str, float] = {"task_reward": float(raw.mean()), "no_eos_frac": float(no_eos.float().mean())}
+    if hp.truncate_penalty is not None and truncate_id is not None:
+        missing = _responses_missing_truncation(data, truncate_id, hp.truncate_after)
+        score = torch.where(missing, torch.full_like(score, hp.truncate_penalty), score)
+        stats["truncation_penalized_frac"] = float(missing.float().mean())
+    if hp.missing_eos_penalty is not None:
+        score = score - hp.missing_eos_penalty * no_eos.float()
+    if hp.mask_no_eos_with_zero:
+        score = torch.where(no_eos, torch.zeros_like(score), score)
+    score = F.clip_rewards(score, hp.max_reward_clip)
+    stats["score"] = float(score.mean())
+    return score, stats
+
+
+def rollout_kl(data: SequenceSample) -> tuple[float, int]:
+    """Mean over sequences of the summed k1 KL(pi_old || pi_ref) on response tokens, and the
+    number of sequences: what the adaptive KL controller is updated with."""
+    cu = data.cu_seqlens(INPUT_KEY)
+    mask = F.response_loss_mask(data.data["prompt_mask"].cpu(), cu)
+    kl = (data.data["packed_logprobs"].cpu() - data.data["packed_ref_logprobs"].cpu()) * mask
+    lens = [n - 1 for n in data.flat_seqlens(INPUT_KEY)]
+    seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    per_seq = torch.zeros(len(lens)).index_add_(0, seg, kl.float())
+    return float(per_seq.mean()), len(lens)
+
+
+def prepare_advantages(
+    hp: PPOHyperparameters, kl_coef: float, data: SequenceSample, truncate_id: int | None
+) -> tuple[SequenceSample, dict[str, float]]:
+    """A copy of ``data`` plus ``ppo_loss_mask``, ``kl_rewards``, ``advantages``, ``returns``."""
+    ids = data.data[INPUT_KEY]
+    cu = data.cu_seqlens(INPUT_KEY).to(ids.device)
+    loss_mask = F.response_loss_mask(data.data["prompt_mask"], cu)
+    old_logp = data.data["packed_logprobs"].float()
+    ref_logp = data.data["packed_ref_logprobs"].float().to(old_logp.device)
+    score, stats = shape_scores(hp, data, truncate_id)
+
+    kl_rewards, rewards = F.packed_kl_rewards(
+        kl_coef, old_logp, ref_logp, score.to(old_logp.device), cu, loss_mask, hp.kl_estimator
+    )
+    if hp.adv_estimator == "gae":
+        if hp.reward_whiten:  # seed 002 PPO detail 9: rewards whitened WITHOUT the mean shift
+            rewards = F.whiten(rewards, shift_mean=False, mask=loss_mask)
+        values = data.data["values"].float().to(old_logp.device)
+        bootstrap = (
+            data.data["seq_no_eos_mask"].float() if hp.bootstrap_no_eos else torch.zeros(cu.shape[0] - 1)
+        )
+        advantages, returns = F.packed_gae(
+            rewards, values, cu, bootstrap.to(values.device), hp.discount, hp.gae_lambda
+        )
+    else:  # GRPO: one group-normalised scalar per answer, on all its response tokens
+        groups = [len(r) for r in data.seqlens[INPUT_KEY]]
+        per_seq = F.group_normalized_advantages(score, groups, hp.grpo_scale_by_std).to(old_logp.device)
+        lens = torch.tensor([n - 1 for n in data.flat_seqlens(INPUT_KEY)], device=old_logp.device)
+        advantages = torch.repeat_interleave(per_seq, lens)
+        returns = torch.zeros_like(advantages)
+    advantages = advantages * loss_mask
+    if hp.adv_norm:  # seed 002 PPO detail 9: advantages whitened WITH the mean shift
+        advantages = F.whiten(advantages, shift_mean=True, mask=loss_mask)
+
+    out = data.select(sorted(data.keys))
+    for key, value in [
+        ("ppo_loss_mask", loss_mask),
+        ("kl_rewards", kl_rewards.float()),
+        ("advantages", advantages.float().detach()),
+        ("returns", returns.float().detach()),
+    ]:
+        out.update_(token_minus_one_sample(data, key, value))
+    n_tok = loss_mask.float().sum().clamp(min=1)
+    stats.update(
+        kl_coef=float(kl_coef),
+        kl_reward=float(kl_rewards.sum() / (cu.shape[0] - 1)),
+        advantage_mean=float((advantages * loss_mask).sum() / n_tok),
+        response_length=float(loss_mask.float().sum() / (cu.shape[0] - 1)),
+    )
+    return out, stats
+
+
+def shuffled_minibatches(
+    data: SequenceSample, n_minibatches: int, generator: torch.Generator
+) -> list[SequenceSample]:
+    """Seed 002 PPO detail 7: a fresh permutation of the samples, cut into ``n_minibatches``
+    near-equal groups (a GRPO group is one sample, so it is never split)."""
+    samples = data.unpack()
+    perm = torch.randperm(len(samples), generator=generator).tolist()
+    n = min(n_minibatches, len(samples))
+    return [
+        SequenceSample.gather([samples[i] for i in chunk.tolist()])
+        for chunk in torch.tensor_split(torch.tensor(perm), n)
+    ]

@@ -1,0 +1,46 @@
+"""Token sequences back to (prompt, completion) texts, one pair per sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from realrl.api.core.data_api import SequenceSample
+from realrl.impl.interface.common import INPUT_KEY, sequence_ids
+
+
+def prompt_lengths(data: SequenceSample) -> list[int]:
+    """Prompt length of every sequence: from ``prompt_mask``, else from ``packed_prompts``
+    (one prompt per sample, shared by its answers)."""
+    lens = data.flat_seqlens(INPUT_KEY)
+    if "prompt_mask" in data.keys and data.data["prompt_mask"] is not None:
+        mask, out, off = data.data["prompt_mask"].long().tolist(), [], 0
+        for n in lens:
+            out.append(sum(mask[off : off + n]))
+            off += n
+        return out
+    if "packed_prompts" in data.keys and data.data["packed_prompts"] is not None:
+        out = []
+        for p_row, s_row in zip(data.seqlens["packed_prompts"], data.seqlens[INPUT_KEY]):
+            out.extend([sum(p_row)] * len(s_row))
+        return out
+    raise ValueError(
+        f"cannot split prompts from completions: the input has neither 'prompt_mask' nor 'packed_prompts' "
+        f"(has {sorted(data.keys)}); add one of them to the MFC's input_keys"
+    )
+
+
+def prompts_and_completions(
+    data: SequenceSample, tokenizer: Any, skip_special_tokens: bool = True
+) -> tuple[list[Hashable], list[str], list[str]]:
+    """(sequence ids, prompt texts, completion texts), one entry per sequence."""
+    if tokenizer is None:
+        raise ValueError("decoding texts needs the model's tokenizer, but model.tokenizer is None")
+    ids = data.data[INPUT_KEY].tolist()
+    prompts, completions, off = [], [], 0
+    for n, p in zip(data.flat_seqlens(INPUT_KEY), prompt_lengths(data)):
+        seq = ids[off : off + n]
+        off += n
+        prompts.append(tokenizer.decode(seq[:p], skip_special_tokens=skip_special_tokens))
+        completions.append(tokenizer.decode(seq[p:], skip_special_tokens=skip_special_tokens))
+    return sequence_ids(data), prompts, completions
