@@ -34,7 +34,8 @@ class PreferenceFields:
 
 
 def _is_ids(x: Any) -> bool:
-    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+    """One sequence of ids (checked element by element later), not a list of sequences."""
+    return isinstance(x, list) and not (x and isinstance(x[0], list))
 
 
 def _as_list_of_pairs(chosen: Any, rejected: Any, single: Any, fields: tuple[str, str], where: str):
@@ -115,7 +116,7 @@ def preference_pairs(
 
 def preference_margins(row: dict, where: str, fields: PreferenceFields, n_pairs: int) -> list[float]:
     """One margin per pair: a number (one pair) or a list of numbers (several pairs)."""
-    m = get_field(row, fields.margin, (int, float, list), where)
+    m = get_field(row, fields.margin, (float, list), where)
     margins = m if isinstance(m, list) else [m]
     if len(margins) != n_pairs or not all(
         isinstance(x, (int, float)) and not isinstance(x, bool) for x in margins
