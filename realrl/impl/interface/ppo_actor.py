@@ -116,7 +116,7 @@ class PPOActorInterface(ModelInterface):
         if hp.kl_loss_coef > 0:
             kl = F.masked_mean(F.kl_divergence(logp, mb.data["packed_ref_logprobs"].to(dev), "k3"), mask)
             loss = loss + hp.kl_loss_coef * kl
-            stats["kl_loss"] = float(kl)
+            stats["kl_loss"] = float(kl.detach())
         stop = (
             hp.early_stop_imp_ratio is not None and stats["importance_ratio"] > hp.early_stop_imp_ratio
         ) or (hp.early_stop_kl is not None and stats["approx_kl"] > hp.early_stop_kl)

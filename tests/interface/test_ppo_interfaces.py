@@ -1,0 +1,269 @@
+"""ppo_actor, ppo_critic, grpo_actor and generation on tiny ReaLModels behind the real engines."""
+
+import json
+
+import pytest
+import torch
+from interface_fixtures import make_model, prompt_batch
+
+from realrl.api.core.config import ModelInterfaceAbstraction
+from realrl.api.core.data_api import SequenceSample
+from realrl.api.core.model_api import GenerationOutput, make_interface
+from realrl.impl.interface.common import per_sequence_sample
+from realrl.impl.interface.ppo_config import make_ppo_hyperparameters
+from realrl.impl.interface.ppo_rollout import (
+    prepare_advantages,
+    rollout_kl,
+    rollout_sample,
+    shape_scores,
+    shuffled_minibatches,
+    truncate_generation,
+)
+from realrl.impl.model.utils import ppo_functional as F
+from realrl.impl.model.utils.functional import shifted_token_mask
+
+PROMPTS = ["w1 w2", "w3", "w4 w5 w6", "w7"]
+GEN = {"max_new_tokens": 6, "min_new_tokens": 1, "top_p": 1.0, "top_k": 0}
+
+
+def actor_iface(name="ppo_actor", **ppo):
+    ppo.setdefault("gen", GEN)
+    return make_interface(ModelInterfaceAbstraction(name, {"ppo": ppo}))
+
+
+def critic_iface(**ppo):
+    return make_interface(ModelInterfaceAbstraction("ppo_critic", {"ppo": ppo}))
+
+
+def rollout(tokenizer, actor_if, actor, rewards=None, critic=None, critic_if=None):
+    """actor_gen -> rew (given) -> ref_inf (the actor itself) -> critic_inf, as the graph runs them."""
+    torch.manual_seed(0)
+    data = prompt_batch(tokenizer, PROMPTS)
+    out = actor_if.generate(actor, data)
+    out.update_(actor_if.inference(actor, out))
+    n_seqs = len(out.flat_seqlens("packed_input_ids"))
+    r = torch.tensor(rewards if rewards is not None else [1.0, -1.0] * (n_seqs // 2), dtype=torch.float32)
+    out.update_(per_sequence_sample(out, "rewards", r))
+    if critic is not None:
+        out.update_(critic_if.inference(critic, out))
+    return out
+
+
+def test_generate_outputs_the_rollout_keys_with_consistent_logprobs(tokenizer):
+    actor = make_model(tokenizer)
+    a = actor_iface(gen={**GEN, "temperature": 0.7})
+    data = prompt_batch(tokenizer, PROMPTS)
+    torch.manual_seed(0)
+    out = a.generate(actor, data)
+    assert out.keys == {"packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eos_mask"}
+    lens = out.flat_seqlens("packed_input_ids")
+    assert out.flat_seqlens("packed_logprobs") == [n - 1 for n in lens]
+    assert out.data["prompt_mask"].sum() == sum(len(p.split()) for p in PROMPTS)
+    # seed 002 PPO detail 1: training recomputes log-probs at the sampling temperature, so the
+    # first minibatch's importance ratio is exactly 1 (ANCHORS user complaint 3)
+    ref = a.inference(actor, out).data["packed_ref_logprobs"]
+    mask = F.response_loss_mask(out.data["prompt_mask"], out.cu_seqlens("packed_input_ids"))
+    torch.testing.assert_close(ref[mask], out.data["packed_logprobs"][mask], atol=1e-4, rtol=0)
+    assert (out.data["packed_logprobs"][~mask] == 0).all()
+
+
+def test_one_ppo_step_raises_logprobs_of_positively_advantaged_tokens(tokenizer):
+    actor, critic = make_model(tokenizer, lr=3e-3), make_model(tokenizer, role="critic", critic=True)
+    opts = dict(ppo_n_minibatches=1, early_stop_imp_ratio=None, value_norm=False)
+    a, c = actor_iface(**opts), critic_iface(**opts)
+    data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    prepared, _ = prepare_advantages(a.hp, a.kl_ctl.value, data, None)
+    adv, mask = prepared.data["advantages"], prepared.data["ppo_loss_mask"]
+    before = a.inference(actor, data).data["packed_ref_logprobs"]
+    stats = a.train_step(actor, data)
+    after = a.inference(actor, data).data["packed_ref_logprobs"]
+    delta = after - before
+    pos, neg = mask & (adv > 0), mask & (adv < 0)
+    assert pos.any() and neg.any()
+    assert float(delta[pos].mean()) > 0 > float(delta[neg].mean())
+    assert stats["importance_ratio"] == pytest.approx(1.0, abs=1e-4)  # one update on fresh samples
+    assert actor.version.global_step == 1
+
+
+def test_critic_moves_values_towards_returns(tokenizer):
+    actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True, lr=1e-2)
+    opts = dict(ppo_n_minibatches=2, value_norm=False, value_eps_clip=None)
+    a, c = actor_iface(**opts), critic_iface(**opts)
+    data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    prepared, _ = prepare_advantages(c.hp, c.kl_ctl.value, data, None)
+    cu = data.cu_seqlens("packed_input_ids")
+    mask, returns = prepared.data["ppo_loss_mask"], prepared.data["returns"]
+
+    def error():
+        v = c.inference(critic, data).data["values"][shifted_token_mask(cu)]
+        return float((v - returns)[mask].pow(2).mean())
+
+    start = error()
+    for _ in range(5):
+        stats = c.train_step(critic, data)
+    assert error() < 0.5 * start
+    assert stats["critic_loss"] > 0 and critic.version.global_step == 5
+
+
+def test_critic_value_norm_denormalises_and_zeroes_ended_sequences(tokenizer):
+    actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True)
+    a, c = actor_iface(), critic_iface(value_norm=True)
+    data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    c.train_step(critic, data)
+    mean, std = c.rms.mean_std()
+    assert std > 0 and c.rms.count > 0
+    raw = critic.module.forward(data)
+    v = c.inference(critic, data).data["values"]
+    last = (data.cu_seqlens("packed_input_ids")[1:] - 1).long()
+    ended = ~data.data["seq_no_eos_mask"]
+    keep = torch.ones_like(v, dtype=torch.bool)
+    keep[last[ended]] = False
+    torch.testing.assert_close(v[keep], raw[keep] * std + mean)
+    assert (v[last[ended]] == 0).all()
+
+
+def test_adaptive_kl_controller_updates_after_train_step(tokenizer):
+    actor, ref = make_model(tokenizer), make_model(tokenizer, role="ref", seed=1, train=False)
+    critic = make_model(tokenizer, role="critic", critic=True)
+    a = actor_iface(adaptive_kl_ctl=True, kl_ctl=0.2, adaptive_kl_target=0.5, adaptive_kl_horizon=100)
+    c = critic_iface(adaptive_kl_ctl=True, kl_ctl=0.2, adaptive_kl_target=0.5, adaptive_kl_horizon=100)
+    data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    data.update_(a.inference(ref, data))  # a different reference: KL != 0
+    kl, n = rollout_kl(data)
+    err = max(min(kl / 0.5 - 1, 0.2), -0.2)
+    stats = a.train_step(actor, data)
+    c.train_step(critic, data)
+    assert stats["kl_coef_next"] == pytest.approx(0.2 * (1 + err * n / 100))
+    assert c.kl_ctl.value == pytest.approx(a.kl_ctl.value)
+
+
+def test_truncation_and_score_shaping():
+    # prompts of 2 tokens; token 4 is the truncation token; after=2
+    seqs = [[1, 2, 5, 4, 6, 4, 7], [1, 2, 4, 6, 7, 8, 9]]
+    gen = GenerationOutput(
+        sequences=torch.tensor(sum(seqs, [])),
+        seqlens=[7, 7],
+        prompt_lens=[2, 2],
+        logprobs=torch.arange(12, dtype=torch.float32),
+        no_eos=torch.tensor([True, True]),
+    )
+    t = truncate_generation(gen, token_id=4, after=2)
+    assert t.seqlens == [6, 7]  # first '4' at response index >= 2 is index 3: cut after it
+    assert t.sequences[:6].tolist() == [1, 2, 5, 4, 6, 4]
+    assert t.logprobs[:5].tolist() == [0, 1, 2, 3, 4] and t.logprobs.shape[0] == 11
+    assert t.no_eos.tolist() == [False, True]
+
+    from realrl.impl.interface.common import per_sequence_sample
+
+    prompts = SequenceSample.from_default(
+        ids=[0, 1], seqlens=[2, 2], data={"packed_prompts": torch.tensor([1, 2, 1, 2])}
+    )
+    data = rollout_sample(prompts, t)
+    data.update_(per_sequence_sample(data, "rewards", torch.tensor([3.0, 30.0])))
+    hp = make_ppo_hyperparameters(
+        {"truncate_token": 4, "truncate_after": 2, "truncate_penalty": -1.0, "max_reward_clip": 20.0}
+    )
+    score, stats = shape_scores(hp, data, 4)
+    assert score.tolist() == [3.0, -1.0] and stats["truncation_penalized_frac"] == 0.5
+    hp = make_ppo_hyperparameters({"missing_eos_penalty": 2.0, "reward_output_scaling": 0.5})
+    assert shape_scores(hp, data, None)[0].tolist() == [1.5, 13.0]
+    hp = make_ppo_hyperparameters({"max_reward_clip": 10.0, "mask_no_eos_with_zero": True})
+    assert shape_scores(hp, data, None)[0].tolist() == [3.0, 0.0]
+
+
+def test_lm_human_preferences_preset_samples_fixed_length_and_truncates(tokenizer):
+    hp = make_ppo_hyperparameters(preset="lm_human_preferences")
+    assert (hp.gen.max_new_tokens, hp.gen.min_new_tokens, hp.gen.fixed_length) == (24, 24, True)
+    assert (hp.gen.temperature, hp.kl_ctl, hp.adaptive_kl_ctl, hp.gae_lambda) == (0.7, 0.15, True, 0.95)
+    assert (hp.reward_whiten, hp.whiten_scope, hp.ppo_n_epochs, hp.truncate_after) == (
+        True,
+        "minibatch",
+        4,
+        16,
+    )
+    actor = make_model(tokenizer)
+    a = make_interface(ModelInterfaceAbstraction("ppo_actor", {"preset": "lm_human_preferences"}))
+    torch.manual_seed(0)
+    out = a.generate(actor, prompt_batch(tokenizer, PROMPTS))
+    dot = tokenizer.convert_tokens_to_ids(".")
+    ids, pm = out.data["packed_input_ids"].tolist(), out.data["prompt_mask"].tolist()
+    off = 0
+    for n in out.flat_seqlens("packed_input_ids"):
+        resp = [t for t, m in zip(ids[off : off + n], pm[off : off + n]) if not m]
+        off += n
+        assert len(resp) == 24 or (resp[-1] == dot and len(resp) - 1 >= 16 and dot not in resp[16:-1])
+
+
+def test_lm_human_preferences_preset_trains_actor_and_critic(tokenizer):
+    actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True)
+    a = make_interface(
+        ModelInterfaceAbstraction("ppo_actor", {"preset": "lm_human_preferences", "ppo": {"gen": GEN}})
+    )
+    c = make_interface(
+        ModelInterfaceAbstraction("ppo_critic", {"preset": "lm_human_preferences", "ppo": {"gen": GEN}})
+    )
+    data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    stats = a.train_step(actor, data)
+    assert stats["n_updates"] == 4  # 4 epochs of 1 minibatch
+    assert "truncation_penalized_frac" in stats
+    assert c.train_step(critic, data)["critic_loss"] > 0
+
+
+def test_minibatches_are_reshuffled_each_epoch(tokenizer):
+    data = prompt_batch(tokenizer, PROMPTS * 2)
+    g = torch.Generator().manual_seed(0)
+    epochs = [[mb.ids for mb in shuffled_minibatches(data, 3, g)] for _ in range(4)]
+    for e in epochs:
+        assert sorted(i for mb in e for i in mb) == list(range(8)) and len(e) == 3
+    assert len({tuple(tuple(mb) for mb in e) for e in epochs}) > 1
+
+
+def test_grpo_groups_k_answers_and_trains_without_a_critic(tokenizer):
+    actor = make_model(tokenizer)
+    g = make_interface(ModelInterfaceAbstraction("grpo_actor", {"ppo": {"gen": {**GEN, "n": 4}}}))
+    assert g.hp.adv_estimator == "grpo" and g.hp.kl_loss_coef > 0
+    torch.manual_seed(0)
+    data = prompt_batch(tokenizer, PROMPTS[:2])
+    out = g.generate(actor, data)
+    assert [len(r) for r in out.seqlens["packed_input_ids"]] == [4, 4]
+    out.update_(g.inference(actor, out))
+    rewards = make_interface(ModelInterfaceAbstraction("reward_fn", {"fn": "word_sentiment"})).inference(
+        actor, out
+    )
+    rewards.data["rewards"] += torch.arange(8, dtype=torch.float32)  # distinct scores in each group
+    out.update_(rewards)
+    prepared, _ = prepare_advantages(g.hp, 0.0, out, None)
+    adv, mask = prepared.data["advantages"], prepared.data["ppo_loss_mask"]
+    lens = [n - 1 for n in out.flat_seqlens("packed_input_ids")]
+    per_seq = torch.stack([a[m].mean() for a, m in zip(adv.split(lens), mask.split(lens))])
+    expected = F.group_normalized_advantages(out.data["rewards"], [4, 4])
+    torch.testing.assert_close(per_seq, expected)
+    stats = g.train_step(actor, out)
+    assert "kl_loss" in stats and actor.version.global_step == 1
+    with pytest.raises(ValueError, match="needs no critic"):
+        critic_iface(adv_estimator="grpo", kl_ctl=0.0)
+    with pytest.raises(ValueError, match="kl_ctl=0"):
+        actor_iface(adv_estimator="grpo")
+
+
+def test_ppo_options_are_validated():
+    with pytest.raises(ValueError, match="unknown PPO option"):
+        make_ppo_hyperparameters({"eps_clipp": 0.1})
+    with pytest.raises(ValueError, match="unknown PPO preset"):
+        make_ppo_hyperparameters(preset="trl")
+    with pytest.raises(ValueError, match="whiten_scope"):
+        make_ppo_hyperparameters({"whiten_scope": "epoch"})
+
+
+def test_generation_interface_writes_jsonl(tokenizer, tmp_path):
+    actor = make_model(tokenizer, train=False)
+    path = tmp_path / "gen" / "out.jsonl"
+    gi = make_interface(
+        ModelInterfaceAbstraction("generation", {"gconfig": {**GEN, "n": 2}, "output_file": str(path)})
+    )
+    torch.manual_seed(0)
+    out = gi.generate(actor, prompt_batch(tokenizer, PROMPTS[:2]))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 4 == len(out.flat_seqlens("packed_input_ids"))
+    assert [r["id"] for r in rows] == ["0#0", "0#1", "1#0", "1#1"]
+    assert rows[0]["prompt"] == "w1 w2"
