@@ -1,1 +1,11 @@
-"""Layer 3: one file per algorithm, turning its config into a list of MFCDef."""
+"""Layer 3: one file per algorithm, turning its config into a list of MFCDef.
+
+Importing this package registers the quickstart experiments sft, rw, dpo, ppo, grpo and gen.
+"""
+
+import realrl.experiments.dpo  # noqa: F401
+import realrl.experiments.gen  # noqa: F401
+import realrl.experiments.grpo  # noqa: F401
+import realrl.experiments.ppo  # noqa: F401
+import realrl.experiments.rw  # noqa: F401
+import realrl.experiments.sft  # noqa: F401

@@ -1,63 +1,192 @@
-"""The PPO dataflow graph (names as in ReaL, DESIGN §3)."""
+"""PPO (seed 002; names as in ReaL, DESIGN §3).
+
+actor_gen -> {rew_inf, ref_inf, critic_inf} -> {actor_train, critic_train}. The reward node is the
+trained reward model, or any registered reward function / interface (``reward_fn=module:function``).
+"""
 
 from __future__ import annotations
 
-from realrl.api.core.config import ModelInterfaceAbstraction
+import dataclasses
+from typing import Any, ClassVar
+
+from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, ModelInterfaceAbstraction
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
+from realrl.api.core.system_api import ExperimentConfig, ModelSpec
+from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.api.quickstart.entrypoint import register_quickstart_exp
+from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, toy_mode
+from realrl.experiments.datasets import PromptOnlyDatasetConfig
+from realrl.experiments.toy import ToyLayout
+from realrl.impl.interface.ppo_config import PPOHyperparameters
 
 PPO_DATASET_KEYS = ("packed_prompts",)
 ROLLOUT_KEYS = ("packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eos_mask")
+TRAIN_KEYS = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards", "values")
 
 
 def ppo_mfcs(
     n_seqs: int,
-    actor_interface: ModelInterfaceAbstraction | None = None,
-    critic_interface: ModelInterfaceAbstraction | None = None,
-    reward_interface: ModelInterfaceAbstraction | None = None,
-    ref_interface: ModelInterfaceAbstraction | None = None,
+    actor: ModelInterfaceAbstraction | None = None,
+    critic: ModelInterfaceAbstraction | None = None,
+    reward: ModelInterfaceAbstraction | None = None,
     mb_specs: dict[str, MicroBatchSpec] | None = None,
+    use_critic: bool = True,
 ) -> list[MFCDef]:
-    """actor_gen -> {rew_inf, ref_inf, critic_inf} -> {actor_train, critic_train}."""
-    actor = actor_interface or ModelInterfaceAbstraction("ppo_actor")
-    critic = critic_interface or ModelInterfaceAbstraction("ppo_critic")
-    reward = reward_interface or ModelInterfaceAbstraction("paired_rw")
-    ref = ref_interface or actor
+    """The PPO graph; without a critic (GRPO) the ``values`` key and both critic calls go."""
+    actor = actor or ModelInterfaceAbstraction("ppo_actor")
+    critic = critic or ModelInterfaceAbstraction("ppo_critic")
+    reward = reward or ModelInterfaceAbstraction("paired_rw")
     mb = mb_specs or {}
-
-    def mfc(name, model, type_, impl, inputs, outputs, log=False):
-        return MFCDef(
-            name=name,
-            model_name=model,
-            interface_type=type_,
-            interface_impl=impl,
-            n_seqs=n_seqs,
-            input_keys=inputs,
-            output_keys=outputs,
-            mb_spec=mb.get(name, MicroBatchSpec()),
-            log_return_value=log,
-        )
-
-    train_inputs = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards", "values")
-    return [
-        mfc("actor_gen", "actor", ModelInterfaceType.GENERATE, actor, ("packed_prompts",), ROLLOUT_KEYS),
-        mfc("rew_inf", "reward", ModelInterfaceType.INFERENCE, reward, ("packed_input_ids",), ("rewards",)),
+    gen, inf, train = ModelInterfaceType.GENERATE, ModelInterfaceType.INFERENCE, ModelInterfaceType.TRAIN_STEP
+    train_keys = TRAIN_KEYS if use_critic else tuple(k for k in TRAIN_KEYS if k != "values")
+    nodes = [
+        mfc("actor_gen", "actor", gen, actor, n_seqs, ("packed_prompts",), ROLLOUT_KEYS, mb.get("actor_gen")),
+        mfc("rew_inf", "reward", inf, reward, n_seqs, ("packed_input_ids",), ("rewards",), mb.get("rew_inf")),
         mfc(
             "ref_inf",
             "ref",
-            ModelInterfaceType.INFERENCE,
-            ref,
+            inf,
+            actor,
+            n_seqs,
             ("packed_input_ids",),
             ("packed_ref_logprobs",),
+            mb.get("ref_inf"),
         ),
-        mfc(
-            "critic_inf",
-            "critic",
-            ModelInterfaceType.INFERENCE,
-            critic,
-            ("packed_input_ids", "seq_no_eos_mask"),
-            ("values",),
-        ),
-        mfc("actor_train", "actor", ModelInterfaceType.TRAIN_STEP, actor, train_inputs, (), log=True),
-        mfc("critic_train", "critic", ModelInterfaceType.TRAIN_STEP, critic, train_inputs, (), log=True),
+        mfc("actor_train", "actor", train, actor, n_seqs, train_keys, (), mb.get("actor_train"), log=True),
     ]
+    if use_critic:
+        nodes += [
+            mfc(
+                "critic_inf",
+                "critic",
+                inf,
+                critic,
+                n_seqs,
+                ("packed_input_ids", "seq_no_eos_mask"),
+                ("values",),
+                mb.get("critic_inf"),
+            ),
+            mfc(
+                "critic_train",
+                "critic",
+                train,
+                critic,
+                n_seqs,
+                train_keys,
+                (),
+                mb.get("critic_train"),
+                log=True,
+            ),
+        ]
+    return nodes
+
+
+@dataclasses.dataclass
+class PPOConfig(CommonExperimentConfig):
+    actor: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
+    critic: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
+    ref: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
+    rew: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
+    dataset: PromptOnlyDatasetConfig = dataclasses.field(default_factory=PromptOnlyDatasetConfig)
+    ppo: PPOHyperparameters = dataclasses.field(default_factory=PPOHyperparameters)
+    # a registered reward function, "package.module:function" or "file.py:function"; replaces rew.*
+    reward_fn: str | None = None
+    reward_fn_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # scale the reward model's score to mean 0 / std 1 on the first (SFT-policy) batch (seed 002 RM detail 3)
+    normalize_reward_on_first_batch: bool = True
+    critic_head_init: str = "reward"  # reward | zeros: the head a critic gets when loaded from an LM
+    tokenizer_path: str | None = None
+
+    TOY_PRESET: ClassVar[list[str]] = [
+        "exp_ctrl.total_train_steps=30",
+        "dataset.train_bs_n_seqs=256",
+        "dataset.max_prompt_len=16",
+        "actor.optimizer.lr=1e-4",
+        "critic.optimizer.lr=3e-4",
+        "ppo.gen.max_new_tokens=13",
+        "ppo.gen.top_p=1.0",
+        "ppo.gen.top_k=0",
+        "ppo.gen.temperature=1.0",
+        "ppo.kl_ctl=0.1",
+        "ppo.gae_lambda=0.95",
+        "ppo.ppo_n_epochs=4",
+        "ppo.ppo_n_minibatches=4",
+    ]
+
+    def prerequisites(self) -> list[tuple[str, list[str]]]:
+        if not toy_mode(self.dataset.path):
+            return []
+        return [("sft", []), ("rw", [])] if self.reward_fn is None else [("sft", [])]
+
+    def _reward_spec(
+        self, tokenizer: str | None, path: str | None
+    ) -> tuple[ModelSpec, ModelInterfaceAbstraction]:
+        if self.reward_fn is not None:
+            model = ModelAbstraction("null", {"tokenizer_path": tokenizer} if tokenizer else {})
+            iface = ModelInterfaceAbstraction(
+                "reward_fn", {"fn": self.reward_fn, "fn_kwargs": dict(self.reward_fn_kwargs)}
+            )
+            return ModelSpec(model, ModelBackendAbstraction("null")), iface
+        rew = dataclasses.replace(self.rew, path=path)
+        iface = ModelInterfaceAbstraction(
+            "paired_rw", {"normalize_on_first_inference": self.normalize_reward_on_first_batch}
+        )
+        return ModelSpec(
+            rew.model(is_critic=True, tokenizer_path=tokenizer), rew.backend(trainable=False)
+        ), iface
+
+    def initial_setup(self) -> ExperimentConfig:
+        self.experiment_name = self.experiment_name or "ppo"
+        prompts, tokenizer = self.dataset.path, self.tokenizer_path
+        actor_path, rew_path = self.actor.path, self.rew.path
+        ref_path, critic_path = self.ref.path, self.critic.path
+        if toy_mode(prompts):
+            toy = ToyLayout(self.fileroot, self.seed)
+            prompts, tokenizer = toy.build()["ppo_train"], toy.tokenizer
+            actor_path = actor_path or toy.checkpoint("sft", "default")
+            rew_path = rew_path or toy.checkpoint("rw", "default")
+        ref_path = ref_path or actor_path
+        critic_path = (
+            critic_path or rew_path or actor_path
+        )  # critic from the RM (TOY_TASK.md), else the actor
+        tokenizer = tokenizer or actor_path
+        ppo = {"ppo": dataclasses.asdict(self.ppo)}
+        actor_iface = ModelInterfaceAbstraction(self._actor_interface(), ppo)
+        critic_iface = ModelInterfaceAbstraction("ppo_critic", ppo)
+        reward_spec, reward_iface = self._reward_spec(tokenizer, rew_path)
+        actor = dataclasses.replace(self.actor, path=actor_path)
+        ref = dataclasses.replace(self.ref, path=ref_path)
+        critic = dataclasses.replace(self.critic, path=critic_path)
+        models = {
+            "actor": ModelSpec(actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True)),
+            "ref": ModelSpec(ref.model(False, tokenizer_path=tokenizer), ref.backend(trainable=False)),
+            "reward": reward_spec,
+        }
+        if self.uses_critic:
+            models["critic"] = ModelSpec(
+                critic.model(True, tokenizer_path=tokenizer, critic_head_init=self.critic_head_init),
+                critic.backend(trainable=True),
+            )
+        mb_specs = {
+            "actor_gen": self.actor.mb_spec(),
+            "actor_train": self.actor.mb_spec(),
+            "ref_inf": self.ref.mb_spec(),
+            "rew_inf": self.rew.mb_spec(),
+            "critic_inf": self.critic.mb_spec(),
+            "critic_train": self.critic.mb_spec(),
+        }
+        nodes = ppo_mfcs(
+            self.dataset.train_bs_n_seqs, actor_iface, critic_iface, reward_iface, mb_specs, self.uses_critic
+        )
+        return experiment_config(self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer)
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.ppo.adv_estimator == "gae"
+
+    def _actor_interface(self) -> str:
+        return "ppo_actor"
+
+
+register_quickstart_exp("ppo", PPOConfig)

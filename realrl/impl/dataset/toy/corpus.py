@@ -15,7 +15,9 @@ import shutil
 
 import numpy as np
 
+from realrl.api.core.model_api import register_reward_fn
 from realrl.impl.dataset.toy.vocab import PERIOD, SEPARATOR, ToyVocab
+from realrl.impl.interface.rule_reward import word_sentiment_reward
 
 
 @dataclasses.dataclass
@@ -38,11 +40,25 @@ class ToyTaskConfig:
 
 def true_reward(completion: str, vocab: ToyVocab | None = None) -> float:
     """Positive minus negative words, -2 when the completion does not end with '.'."""
+    return toy_sentiment_reward([""], [completion], vocab=vocab)[0]
+
+
+def toy_sentiment_reward(
+    prompts: list[str], completions: list[str], vocab: ToyVocab | None = None, **metadata
+) -> list[float]:
+    """The hidden true reward as a reward plugin: ``word_sentiment`` with the toy word lists."""
     vocab = vocab or ToyVocab()
-    words = completion.split()
-    pos, neg = set(vocab.positive), set(vocab.negative)
-    score = sum(w in pos for w in words) - sum(w in neg for w in words)
-    return float(score - (0 if words and words[-1] == PERIOD else 2))
+    return word_sentiment_reward(
+        prompts,
+        completions,
+        positive_words=vocab.positive,
+        negative_words=vocab.negative,
+        end_token=PERIOD,
+        missing_end_penalty=-2.0,
+    )
+
+
+register_reward_fn("toy_sentiment", toy_sentiment_reward)
 
 
 class BigramLanguage:

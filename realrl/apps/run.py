@@ -1,0 +1,93 @@
+"""Run a quickstart experiment: its prerequisites, the run itself (with recovery), and what the
+user sees at the end (learning curves, the summary table and ``summary.json``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from realrl.api.core.dfg import build_graph, draw_graph
+from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.apps.main import ExperimentFailedError, run_experiment
+from realrl.base import logging, stats
+from realrl.experiments.toy import final_checkpoint, has_checkpoint
+
+logger = logging.getLogger("quickstart")
+
+CURVES = {
+    "reward": ["actor_train/task_reward", "actor_train/reward", "rwTrain/eval_accuracy"],
+    "kl": ["actor_train/kl", "actor_train/kl_rewards"],
+    "loss": [
+        "trainDefault/loss",
+        "rwTrain/loss",
+        "actor_train/loss",
+        "critic_train/loss",
+        "actor_train/dpo_loss",
+    ],
+    "accuracy": ["rwTrain/accuracy", "actor_train/accuracy"],
+}
+
+
+def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
+    """What a prerequisite phase inherits: where to write, the seed, how to launch."""
+    out = [f"fileroot={cfg.fileroot}", f"seed={cfg.seed}", f"mode={cfg.mode}", f"device={cfg.device}"]
+    if cfg.ray_address:
+        out.append(f"ray_address={cfg.ray_address}")
+    if ":" not in cfg.allocation_mode and cfg.allocation_mode != "manual":
+        out.append(f"allocation_mode={cfg.allocation_mode}")
+    return out
+
+
+def run_prerequisites(cfg: CommonExperimentConfig) -> None:
+    """Run the phases ``cfg`` builds on unless their final checkpoints already exist."""
+    from realrl.apps.quickstart import build_config
+
+    for name, extra in getattr(cfg, "prerequisites", lambda: [])():
+        pre = build_config(name, _shared_overrides(cfg) + extra)
+        if has_checkpoint(final_checkpoint(pre.fileroot, pre.experiment_name, pre.trial_name, "default")):
+            logger.info("reusing the %s checkpoint under %s", name, pre.run_dir)
+            continue
+        logger.info("running the %s phase first (no checkpoint under %s)", name, pre.run_dir)
+        run_prerequisites(pre)
+        run_one(pre)
+
+
+def run_one(cfg: CommonExperimentConfig) -> list[dict]:
+    """Launch ``cfg`` once; with ``recover_mode=auto`` retry a failed run ``recover_retries`` times."""
+    exp = cfg.initial_setup()
+    os.makedirs(exp.run_dir, exist_ok=True)
+    draw_graph(build_graph(exp.mfcs), os.path.join(exp.run_dir, "dataflow_graph.png"))
+    attempts = 1 + (cfg.recover_retries if cfg.recover_mode == "auto" else 0)
+    for attempt in range(1, attempts + 1):
+        try:
+            return run_experiment(exp, mode=cfg.mode, ray_address=cfg.ray_address)
+        except ExperimentFailedError as e:
+            if attempt == attempts:
+                raise
+            logger.error("run failed (attempt %d of %d): %s; restarting", attempt, attempts, e)
+    raise AssertionError("unreachable")
+
+
+def run_quickstart(name: str, cfg: CommonExperimentConfig) -> dict:
+    start = time.time()
+    run_prerequisites(cfg)
+    records = run_one(cfg)
+    run_dir = cfg.run_dir
+    stats_path = os.path.join(run_dir, "stats.jsonl")
+    plots = (
+        stats.plot_curves(stats_path, os.path.join(run_dir, "plots"), CURVES)
+        if os.path.exists(stats_path)
+        else []
+    )
+    summary: dict = {"experiment": name, "steps": len(records)}
+    if records:
+        summary.update({k: v for k, v in records[-1].items() if isinstance(v, float)})
+    summary.update(getattr(cfg, "summarize", lambda: {})())
+    summary["wall_seconds"] = round(time.time() - start, 1)
+    stats.write_summary(run_dir, summary)
+    logger.info(
+        "outputs under %s (stats.jsonl, plots: %s, summary.json)",
+        run_dir,
+        [os.path.basename(p) for p in plots],
+    )
+    return summary

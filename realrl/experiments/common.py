@@ -1,0 +1,122 @@
+"""Pieces every experiment file uses: per-model options and the step that makes an ExperimentConfig."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from realrl.api.core.config import (
+    DatasetAbstraction,
+    ModelAbstraction,
+    ModelBackendAbstraction,
+    ModelInterfaceAbstraction,
+)
+from realrl.api.core.data_api import MicroBatchSpec
+from realrl.api.core.dfg import MFCDef, ModelInterfaceType
+from realrl.api.core.system_api import ExperimentConfig, ModelSpec
+from realrl.api.quickstart.allocation import parse_allocation
+from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+
+
+@dataclasses.dataclass
+class ModelTrainEvalConfig:
+    """One model role (``actor.*``, ``critic.*``, ``ref.*``, ``rew.*``, ``model.*``)."""
+
+    path: str | None = None  # a local HF checkpoint folder; None: the experiment's default
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    n_mbs: int = 1  # at least this many micro-batches per call
+    max_tokens_per_mb: int | None = None  # token budget of one micro-batch
+    attn_impl: str = "auto"  # auto | flash_attn | torch_varlen | sdpa
+
+    def __post_init__(self) -> None:
+        MicroBatchSpec(self.n_mbs, self.max_tokens_per_mb)  # validates
+
+    def mb_spec(self) -> MicroBatchSpec:
+        return MicroBatchSpec(self.n_mbs, self.max_tokens_per_mb)
+
+    def model(
+        self,
+        is_critic: bool,
+        default_config: dict[str, Any] | None = None,
+        tokenizer_path: str | None = None,
+        critic_head_init: str = "reward",
+    ) -> ModelAbstraction:
+        """A "real_model" from ``path``, or random weights of ``default_config`` when no path."""
+        args: dict[str, Any] = {"is_critic": is_critic, "attn_impl": self.attn_impl}
+        if tokenizer_path:
+            args["tokenizer_path"] = tokenizer_path
+        if is_critic:
+            args["critic_head_init"] = critic_head_init
+        if self.path:
+            args["path"] = self.path
+        elif default_config is not None:
+            args["config"] = dict(default_config)
+        else:
+            raise ValueError("a model needs path=<local HF checkpoint folder> (no default model here)")
+        return ModelAbstraction("real_model", args)
+
+    def backend(self, trainable: bool) -> ModelBackendAbstraction:
+        engine = dataclasses.asdict(self.engine)
+        if trainable:
+            return ModelBackendAbstraction(
+                "train", {"optimizer": dataclasses.asdict(self.optimizer), "engine": engine}
+            )
+        return ModelBackendAbstraction("inference", {"engine": engine})
+
+
+def mfc(
+    name: str,
+    role: str,
+    type_: ModelInterfaceType,
+    interface: ModelInterfaceAbstraction,
+    n_seqs: int,
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...] = (),
+    mb_spec: MicroBatchSpec | None = None,
+    log: bool = False,
+) -> MFCDef:
+    return MFCDef(
+        name=name,
+        model_name=role,
+        interface_type=type_,
+        interface_impl=interface,
+        n_seqs=n_seqs,
+        input_keys=inputs,
+        output_keys=outputs,
+        mb_spec=mb_spec or MicroBatchSpec(),
+        log_return_value=log,
+    )
+
+
+def experiment_config(
+    common: CommonExperimentConfig,
+    mfcs: list[MFCDef],
+    models: dict[str, ModelSpec],
+    datasets: list[DatasetAbstraction],
+    tokenizer_path: str | None,
+    **extra: Any,
+) -> ExperimentConfig:
+    """The runtime's ExperimentConfig from the common options, the graph and the models."""
+    return ExperimentConfig(
+        experiment_name=common.experiment_name,
+        trial_name=common.trial_name,
+        mfcs=mfcs,
+        models=models,
+        allocations=parse_allocation(common.allocation_mode, mfcs),
+        datasets=datasets,
+        tokenizer_path=tokenizer_path,
+        fileroot=common.fileroot,
+        seed=common.seed,
+        total_train_epochs=common.exp_ctrl.total_train_epochs,
+        total_train_steps=common.exp_ctrl.total_train_steps,
+        import_modules=list(common.import_modules),
+        device=common.resolved_device(),
+        **extra,
+    )
+
+
+def toy_mode(dataset_path: str) -> bool:
+    """No dataset path: the experiment runs on the embedded toy task."""
+    return not dataset_path

@@ -1,0 +1,70 @@
+"""Reward modeling (seed 000 phase 2, seed 001): a scalar-head model trained on preference pairs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from realrl.api.core.config import ModelInterfaceAbstraction
+from realrl.api.core.dfg import ModelInterfaceType
+from realrl.api.core.system_api import ExperimentConfig, ModelSpec
+from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.api.quickstart.entrypoint import register_quickstart_exp
+from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, toy_mode
+from realrl.experiments.datasets import PairedComparisonDatasetConfig
+from realrl.experiments.toy import ToyLayout
+
+
+@dataclasses.dataclass
+class RWConfig(CommonExperimentConfig):
+    model: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
+    dataset: PairedComparisonDatasetConfig = dataclasses.field(default_factory=PairedComparisonDatasetConfig)
+    center_rewards_coefficient: float | None = None  # TRL's option: + coef * mean((r_c + r_r)^2)
+    tokenizer_path: str | None = None
+
+    TOY_PRESET: ClassVar[list[str]] = [
+        "exp_ctrl.total_train_epochs=2",
+        "model.optimizer.lr=5e-4",
+        "model.optimizer.lr_scheduler_type=cosine",
+        "model.optimizer.warmup_steps_proportion=0.1",
+        "model.optimizer.min_lr_ratio=0.05",
+        "dataset.train_bs_n_seqs=64",
+        "dataset.max_seqlen=64",
+        "dataset.max_pairs_per_prompt=1",
+    ]
+
+    def prerequisites(self) -> list[tuple[str, list[str]]]:
+        """Toy mode starts the reward model from the SFT model (TOY_TASK.md)."""
+        return [("sft", [])] if toy_mode(self.dataset.train_path) else []
+
+    def initial_setup(self) -> ExperimentConfig:
+        self.experiment_name = self.experiment_name or "rw"
+        train_path, tokenizer, path = self.dataset.train_path, self.tokenizer_path, self.model.path
+        if toy_mode(train_path):
+            toy = ToyLayout(self.fileroot, self.seed)
+            train_path, tokenizer = toy.build()["rm_train"], toy.tokenizer
+            path = path or toy.checkpoint("sft", "default")
+        model_cfg = dataclasses.replace(self.model, path=path)
+        tokenizer = tokenizer or path
+        model = ModelSpec(
+            model_cfg.model(is_critic=True, tokenizer_path=tokenizer), model_cfg.backend(trainable=True)
+        )
+        interface = ModelInterfaceAbstraction(
+            "paired_rw", {"center_rewards_coefficient": self.center_rewards_coefficient}
+        )
+        train = mfc(
+            "rwTrain",
+            "default",
+            ModelInterfaceType.TRAIN_STEP,
+            interface,
+            self.dataset.train_bs_n_seqs,
+            ("packed_input_ids", "margins") if self.dataset.margin_key else ("packed_input_ids",),
+            mb_spec=self.model.mb_spec(),
+            log=True,
+        )
+        return experiment_config(
+            self, [train], {"default": model}, [self.dataset.abstraction(train_path)], tokenizer
+        )
+
+
+register_quickstart_exp("rw", RWConfig)
