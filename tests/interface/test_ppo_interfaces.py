@@ -105,21 +105,28 @@ def test_critic_moves_values_towards_returns(tokenizer):
     assert stats["critic_loss"] > 0 and critic.version.global_step == 5
 
 
-def test_critic_value_norm_denormalises_and_zeroes_ended_sequences(tokenizer):
+def test_value_norm_keeps_actor_and_critic_moments_equal(tokenizer):
     actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True)
-    a, c = actor_iface(), critic_iface(value_norm=True)
+    a, c = actor_iface(value_norm=True), critic_iface(value_norm=True)
     data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    torch.testing.assert_close(data.data["values"], critic.module.forward(data))  # raw head outputs
+    prepared, _ = prepare_advantages(a.hp, a.kl_ctl.value, data, None)  # first step: identity moments
+    a.train_step(actor, data)
     c.train_step(critic, data)
+    assert a.state.state_dict() == c.state.state_dict()
+    mask, returns = prepared.data["ppo_loss_mask"], prepared.data["returns"]
+    beta = c.hp.value_norm_beta
+    assert c.rms.mean_std()[0] == pytest.approx(
+        float(returns[mask].mean()), rel=1e-4
+    )  # debiased EMA of one batch
+    assert c.rms.mean == pytest.approx((1 - beta) * float(returns[mask].mean()), rel=1e-4)
+    # the next batch's values are de-normalised with these moments before GAE
     mean, std = c.rms.mean_std()
-    assert std > 0 and c.rms.count > 0
-    raw = critic.module.forward(data)
-    v = c.inference(critic, data).data["values"]
-    last = (data.cu_seqlens("packed_input_ids")[1:] - 1).long()
-    ended = ~data.data["seq_no_eos_mask"]
-    keep = torch.ones_like(v, dtype=torch.bool)
-    keep[last[ended]] = False
-    torch.testing.assert_close(v[keep], raw[keep] * std + mean)
-    assert (v[last[ended]] == 0).all()
+    data2, _, _ = c.state.begin_step(data, None)
+    torch.testing.assert_close(data2.data["values"], data.data["values"] * std + mean)
+    restored = critic_iface(value_norm=True)
+    restored.load_state_dict(c.state_dict())
+    assert restored.state_dict() == c.state_dict()
 
 
 def test_adaptive_kl_controller_updates_after_train_step(tokenizer):

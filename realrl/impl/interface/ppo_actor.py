@@ -29,22 +29,15 @@ from realrl.impl.interface.common import (
 )
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
 from realrl.impl.interface.ppo_rollout import (
-    prepare_advantages,
+    ROLLOUT_KEYS,
     resolve_token_id,
-    rollout_kl,
     rollout_sample,
-    shuffled_minibatches,
     truncate_generation,
 )
+from realrl.impl.interface.ppo_state import PPOTrainState
 from realrl.impl.model.utils import ppo_functional as F
 
 logger = logging.getLogger("ppo_actor")
-
-
-def make_kl_controller(hp: PPOHyperparameters) -> F.FixedKLController | F.AdaptiveKLController:
-    if hp.adaptive_kl_ctl:
-        return F.AdaptiveKLController(hp.kl_ctl, hp.adaptive_kl_target, hp.adaptive_kl_horizon)
-    return F.FixedKLController(hp.kl_ctl)
 
 
 @dataclasses.dataclass
@@ -56,7 +49,11 @@ class PPOActorInterface(ModelInterface):
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
-        self.kl_ctl = make_kl_controller(self.ppo)
+        self.state = PPOTrainState(self.ppo)
+
+    @property
+    def kl_ctl(self):
+        return self.state.kl_ctl
 
     @property
     def hp(self) -> PPOHyperparameters:
@@ -127,47 +124,34 @@ class PPOActorInterface(ModelInterface):
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         hp = self.hp
-        needed = (
-            "packed_input_ids",
-            "packed_logprobs",
-            "packed_ref_logprobs",
-            "prompt_mask",
-            "rewards",
-            "seq_no_eos_mask",
-        )
+        needed = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards")
         require_keys(
             data, needed + (("values",) if hp.adv_estimator == "gae" else ()), "ppo_actor.train_step"
         )
         truncate_id = self._truncate_id(model)
-        batch_stats: dict[str, float] = {}
-        if hp.whiten_scope == "batch":
-            data, batch_stats = prepare_advantages(hp, self.kl_ctl.value, data, truncate_id)
-        generator = torch.Generator().manual_seed(hp.shuffle_seed * 1_000_003 + model.version.global_step)
-        step_stats, prep_stats = [], []
-        for _ in range(hp.ppo_n_epochs):
-            for mb in shuffled_minibatches(data, hp.ppo_n_minibatches, generator):
-                if hp.whiten_scope == "minibatch":
-                    mb, st = prepare_advantages(hp, self.kl_ctl.value, mb, truncate_id)
-                    prep_stats.append(st)
-                step_stats.append(
-                    model.module.train_batch(
-                        input_=mb,
-                        mb_spec=mb_spec or MicroBatchSpec(),
-                        loss_fn=self._loss_fn,
-                        loss_weight_fn=lambda m: float(m.data["ppo_loss_mask"].sum()),
-                        token_normalize_scope=self.token_normalize_scope,
-                        version_steps=model.version.global_step,
-                    )
-                )
-        mean_kl, n_seqs = rollout_kl(data)
-        self.kl_ctl.update(mean_kl, n_seqs)  # seed 002 PPO detail 11 (a no-op when fixed)
+        data, full, batch_stats = self.state.begin_step(data, truncate_id)
+        step_stats, prep_stats = self.state.run_epochs(
+            model, data, full, truncate_id, self._loss_fn, mb_spec, self.token_normalize_scope
+        )
+        stats = {
+            **batch_stats,
+            **mean_stats(prep_stats),
+            **mean_stats(step_stats),
+            **self.state.end_step(full),
+        }
+        stats["n_updates"] = float(len(step_stats))
         model.inc_version()
-        stats = {**mean_stats(prep_stats), **batch_stats, **mean_stats(step_stats)}
-        stats.update(ref_kl=mean_kl, kl_coef_next=float(self.kl_ctl.value), n_updates=float(len(step_stats)))
         return stats
 
+    def state_dict(self) -> dict:
+        """The KL coefficient and value-normalisation moments (what a resumed run needs)."""
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state.load_state_dict(state)
+
     def save(self, model: Model, save_dir: str) -> None:
-        save_model(model, save_dir, {"ppo_actor_state": {"kl_coef": float(self.kl_ctl.value)}})
+        save_model(model, save_dir, {"ppo_actor_state": self.state_dict()})
 
 
 def _prompt_targets(data: SequenceSample) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 The critic reads query + response (seed 002 general detail 1) and computes its returns with the
 same ``prepare_advantages`` as the actor, from the same options (pass it the same ``ppo`` and
-``preset``). With ``value_norm`` the head learns normalised returns; ``values`` handed to others
-are always de-normalised (in return units).
+``preset``). ``values`` are the head's raw outputs; with ``value_norm`` they are in normalised
+units, and both train steps (actor and critic) de-normalise them with the running moments of the
+returns that each keeps (``ppo_state.PPOTrainState``), as ReaL does. The value after a sequence's
+last token is only read when the sequence was cut by the length limit (bootstrapping).
 """
 
 from __future__ import annotations
@@ -25,14 +27,9 @@ from realrl.impl.interface.common import (
     scalar_output,
     token_sample,
 )
-from realrl.impl.interface.ppo_actor import make_kl_controller
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
-from realrl.impl.interface.ppo_rollout import (
-    prepare_advantages,
-    resolve_token_id,
-    rollout_kl,
-    shuffled_minibatches,
-)
+from realrl.impl.interface.ppo_rollout import ROLLOUT_KEYS, resolve_token_id
+from realrl.impl.interface.ppo_state import PPOTrainState
 from realrl.impl.model.utils import ppo_functional as F
 
 
@@ -48,33 +45,36 @@ class PPOCriticInterface(ModelInterface):
             raise ValueError(
                 "ppo_critic: adv_estimator='grpo' needs no critic; drop the critic from the graph"
             )
-        self.kl_ctl = make_kl_controller(self.ppo)
-        self.rms = F.RunningMeanStd(beta=self.ppo.value_norm_beta)
+        self.state = PPOTrainState(self.ppo)
 
     @property
     def hp(self) -> PPOHyperparameters:
         return self.ppo
 
+    @property
+    def kl_ctl(self):
+        return self.state.kl_ctl
+
+    @property
+    def rms(self) -> F.RunningMeanStd:
+        return self.state.rms
+
     def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
-        """``values`` [L per sequence]; the value after a final EOS is 0 (nothing follows it)."""
+        """``values``: the head's output after every token (normalised units with ``value_norm``)."""
         require_keys(data, (INPUT_KEY,), "ppo_critic.inference")
         values = model.module.forward(
             data, mb_spec or MicroBatchSpec(), post_hook=lambda out, mb: scalar_output(out).cpu()
         )
-        if self.hp.value_norm:
-            values = self.rms.denormalize(values)
-        if "seq_no_eos_mask" in data.keys and data.data["seq_no_eos_mask"] is not None:
-            last = (data.cu_seqlens(INPUT_KEY)[1:] - 1).long()
-            ended = ~data.data["seq_no_eos_mask"].bool().cpu()
-            values[last[ended]] = 0.0
         return token_sample(data, "values", values.float())
 
     def _loss_fn(self, output: torch.Tensor, mb: SequenceSample):
+        """Clipped value loss against the returns; with ``value_norm`` the head, the old values
+        and the returns are all compared in normalised units."""
         values = drop_last_token(scalar_output(output), cu_seqlens_on(mb, output.device))
         dev = values.device
         old = drop_last_token(mb.data["values"].float().to(dev), cu_seqlens_on(mb, dev))
         returns = mb.data["returns"].float().to(dev)
-        if self.hp.value_norm:
+        if self.state.normalizes_values:
             old, returns = self.rms.normalize(old), self.rms.normalize(returns)
         mask = mb.data["ppo_loss_mask"].to(dev)
         loss, st = F.critic_loss(values, old, returns, self.hp.value_eps_clip, mask)
@@ -83,51 +83,27 @@ class PPOCriticInterface(ModelInterface):
         return loss, stats
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
-        hp = self.hp
-        needed = (
-            "packed_input_ids",
-            "packed_logprobs",
-            "packed_ref_logprobs",
-            "prompt_mask",
-            "rewards",
-            "seq_no_eos_mask",
-            "values",
-        )
+        needed = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards", "values")
         require_keys(data, needed, "ppo_critic.train_step")
-        truncate_id = resolve_token_id(model.tokenizer, hp.truncate_token, "truncate_token")
-        full, _ = prepare_advantages(hp, self.kl_ctl.value, data, truncate_id)
-        if hp.value_norm:  # running moments of the returns, updated once per train step
-            self.rms.update(full.data["returns"], full.data["ppo_loss_mask"])
-        if hp.whiten_scope == "batch":
-            data = full
-        generator = torch.Generator().manual_seed(hp.shuffle_seed * 1_000_003 + model.version.global_step)
-        step_stats = []
-        for _ in range(hp.ppo_n_epochs):
-            for mb in shuffled_minibatches(data, hp.ppo_n_minibatches, generator):
-                if hp.whiten_scope == "minibatch":
-                    mb, _ = prepare_advantages(hp, self.kl_ctl.value, mb, truncate_id)
-                step_stats.append(
-                    model.module.train_batch(
-                        input_=mb,
-                        mb_spec=mb_spec or MicroBatchSpec(),
-                        loss_fn=self._loss_fn,
-                        loss_weight_fn=lambda m: float(m.data["ppo_loss_mask"].sum()),
-                        token_normalize_scope=self.token_normalize_scope,
-                        version_steps=model.version.global_step,
-                    )
-                )
-        mean_kl, n_seqs = rollout_kl(full)
-        self.kl_ctl.update(mean_kl, n_seqs)  # stays equal to the actor's controller
+        truncate_id = resolve_token_id(model.tokenizer, self.hp.truncate_token, "truncate_token")
+        data, full, _ = self.state.begin_step(data, truncate_id)
+        step_stats, _ = self.state.run_epochs(
+            model, data, full, truncate_id, self._loss_fn, mb_spec, self.token_normalize_scope
+        )
+        self.state.end_step(full)  # keeps the KL coefficient equal to the actor's
         model.inc_version()
         out = {f"critic_{k}": v for k, v in mean_stats(step_stats).items()}
         out["returns_mean"] = float(F.masked_mean(full.data["returns"], full.data["ppo_loss_mask"]))
         return out
 
+    def state_dict(self) -> dict:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state.load_state_dict(state)
+
     def save(self, model: Model, save_dir: str) -> None:
-        state = dataclasses.asdict(self.rms)
-        save_model(
-            model, save_dir, {"ppo_critic_state": {"value_norm": state, "kl_coef": float(self.kl_ctl.value)}}
-        )
+        save_model(model, save_dir, {"ppo_critic_state": self.state_dict()})
 
 
 register_interface("ppo_critic", PPOCriticInterface)
