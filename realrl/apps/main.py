@@ -75,8 +75,11 @@ def run_experiment(
     record.clear_subtree(run_root)
     log_handler = logging.add_file_handler(os.path.join(config.log_dir, "master.log"))
     worker_configs = config.model_worker_configs(nr_cfg, bind_host=host if mode == "local" else None)
+    ok = False
     try:
-        return asyncio.run(_run_master(config, Codec(secret), record, host, launcher, worker_configs))
+        stats = asyncio.run(_run_master(config, Codec(secret), record, host, launcher, worker_configs))
+        ok = True
+        return stats
     except KeyboardInterrupt:
         logger.error("interrupted: stopping every worker")
         raise
@@ -88,7 +91,7 @@ def run_experiment(
         logger.error("%s", message)
         raise ExperimentFailedError(message, worker) from e
     finally:
-        launcher.stop()
+        launcher.stop(grace=config.timeouts.shutdown if ok else 0.0)  # after a failure: stop them now
         record.clear_subtree(run_root)
         logging.getLogger("realrl").removeHandler(log_handler)
         log_handler.close()

@@ -1,0 +1,90 @@
+"""allocation_mode parsing and ExperimentConfig validation."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from system_graphs import mock_config, mock_rlhf_mfcs
+
+from realrl.api.core.system_api import NameResolveConfig, Timeouts
+from realrl.api.quickstart.allocation import parse_allocation
+
+MFCS = mock_rlhf_mfcs()  # roles actor, critic, reward
+
+
+def test_data_parallel_string_puts_every_role_everywhere():
+    assert parse_allocation("d2", MFCS) == {"actor": [0, 1], "critic": [0, 1], "reward": [0, 1]}
+    assert parse_allocation("d1m1p1", MFCS) == {"actor": [0], "critic": [0], "reward": [0]}
+
+
+def test_per_role_strings_with_offsets_and_default():
+    got = parse_allocation("actor:d2,critic:d1@1,*:d1@0", MFCS)
+    assert got == {"actor": [0, 1], "critic": [1], "reward": [0]}
+
+
+def test_manual_lists_by_mfc_or_role():
+    got = parse_allocation(
+        "manual", MFCS, {"gen": [0, 1], "actor_train": [0, 1], "critic": [1], "reward": [0]}
+    )
+    assert got == {"actor": [0, 1], "critic": [1], "reward": [0]}
+
+
+@pytest.mark.parametrize(
+    "mode, manual, match",
+    [
+        ("d2m2p1", None, "only m1p1"),
+        ("x2", None, "not of the form"),
+        ("actor:d2", None, r"no layout for roles \['critic', 'reward'\]"),
+        ("actor:d2,policy:d1,*:d1", None, "role 'policy'"),
+        (
+            "manual",
+            {"gen": [0, 1], "actor_train": [0], "critic": [1], "reward": [0]},
+            "must share its layout",
+        ),
+        ("manual", {"gen": [0]}, r"no workers for roles \['critic', 'reward'\]"),
+        ("manual", {"nope": [0]}, "neither an MFC"),
+        ("d1", {"gen": [0]}, "not 'manual'"),
+    ],
+)
+def test_bad_allocations_say_what_is_wrong(mode, manual, match):
+    with pytest.raises(ValueError, match=match):
+        parse_allocation(mode, MFCS, manual)
+
+
+def test_experiment_config_cuts_into_picklable_worker_configs(tmp_path):
+    cfg = mock_config(tmp_path, "t")
+    assert (
+        cfg.n_model_workers == 2 and cfg.owner_role() == "actor" and cfg.dataset_keys() == ["packed_prompts"]
+    )
+    w0, w1 = pickle.loads(pickle.dumps(cfg.model_worker_configs(NameResolveConfig("nfs", str(tmp_path)))))
+    assert [(s.role, s.dp_rank, s.dp_size) for s in w0.shards] == [("actor", 0, 2), ("reward", 0, 1)]
+    assert [(s.role, s.dp_rank, s.dp_size) for s in w1.shards] == [("actor", 1, 2), ("critic", 0, 1)]
+    assert sorted(w1.interfaces) == ["actor_train", "critic_train", "gen", "values"]
+    assert (w0.dataset_dp_rank, w1.dataset_dp_rank, w0.dataset_dp_size) == (0, 1, 2)
+    assert w0.worker_name == "model_worker/0" and w0.bind_host == "127.0.0.1"
+
+
+def test_timeouts_must_leave_room_for_heartbeats():
+    with pytest.raises(ValueError, match="must exceed twice heartbeat_interval"):
+        Timeouts(heartbeat=1.0, heartbeat_interval=1.0)
+    with pytest.raises(ValueError, match="request must be > 0"):
+        Timeouts(request=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"allocations": {"actor": [0, 1], "critic": [1]}}, "model 'reward' has no allocation"),
+        ({"allocations": {"actor": [0, 0], "critic": [1], "reward": [0]}}, "two dp ranks on one worker"),
+        ({"n_model_workers": 3}, r"model workers \[2\] hold no model"),
+        (
+            {"allocations": {"actor": [0, 1], "critic": [1], "reward": [2]}, "n_model_workers": 2},
+            "outside 0..1",
+        ),
+        ({"total_train_epochs": 0}, "total_train_epochs"),
+    ],
+)
+def test_bad_experiment_configs_are_refused_before_any_worker_starts(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mock_config(tmp_path, "t", **kwargs)

@@ -1,0 +1,139 @@
+"""End to end: the master and two model workers run mock graphs as subprocesses and as Ray actors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from system_graphs import alive, deterministic, mock_config, single_call_config, worker_pids
+
+from realrl.api.core.config import ModelInterfaceAbstraction
+from realrl.apps.main import ExperimentFailedError, run_experiment
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    cfg = mock_config(tmp_path_factory.mktemp("local"), "local", total_train_epochs=2)
+    stats = run_experiment(cfg, "local")
+    return cfg, stats
+
+
+def test_local_run_completes_every_step_and_frees_workers(local_run):
+    cfg, stats = local_run
+    # 16 samples, 2 data-parallel shards of 8, n_seqs 4 (2 per shard): 4 steps per epoch, 2 epochs
+    assert [s["step"] for s in stats] == list(range(1, 9))
+    assert [s["epoch"] for s in stats] == [1] * 4 + [2] * 4
+    for i, s in enumerate(stats):
+        assert s["actor_train/calls"] == i + 1  # each dp rank's interface ran once per step
+        assert s["critic_train/calls"] == i + 1
+        assert s["actor_train/n_seqs"] == 4  # the all-reduce over the actor's 2 dp ranks saw the batch
+        assert set(s["timing"]) == {"gen", "values", "reward", "actor_train", "critic_train"}
+    # Training moves w, and the next generation sees it (parameter-version rule): rewards change.
+    ws = [s["actor_train/w"] for s in stats]
+    assert all(b > a for a, b in zip(ws, ws[1:]))
+    with open(os.path.join(cfg.run_dir, "stats.jsonl")) as f:
+        assert [json.loads(line)["step"] for line in f] == list(range(1, 9))
+    pids = worker_pids(cfg)
+    assert sorted(pids) == ["model_worker/0", "model_worker/1"]
+    assert alive(pids.values()) == []
+
+
+def test_a_new_seed_changes_the_stats(local_run, tmp_path):
+    cfg, stats = local_run
+    other = run_experiment(mock_config(tmp_path, "seed2", total_train_steps=2, seed=2), "local")
+    assert deterministic(other)[1]["actor_train/w"] != deterministic(stats)[1]["actor_train/w"]
+
+
+def test_ray_mode_gives_the_same_stats_as_local(local_run, tmp_path, ray_cluster):
+    _, stats = local_run
+    cfg = mock_config(tmp_path, "ray", total_train_epochs=2)
+    ray_stats = run_experiment(cfg, "ray")
+    assert deterministic(ray_stats) == deterministic(stats)
+    pids = worker_pids(cfg)
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while alive(pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(pids.values()) == []
+
+
+def test_interface_exception_reaches_the_master_with_its_traceback(tmp_path):
+    cfg = single_call_config(tmp_path, "raise", "sys_test_raise")
+    tik = time.monotonic()
+    with pytest.raises(ExperimentFailedError) as info:
+        run_experiment(cfg, "local")
+    message = str(info.value)
+    assert info.value.worker in ("model_worker/0", "model_worker/1")
+    assert "ValueError: boom from the mock interface" in message
+    assert "Traceback" in message and "mock_plugins.py" in message and "in inference" in message
+    assert "last lines of model_worker/" in message
+    assert time.monotonic() - tik < 60
+    assert alive(worker_pids(cfg).values()) == []
+
+
+def _kill_when_running(cfg, victim: str, signum=signal.SIGKILL):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pids = worker_pids(cfg) if os.path.isdir(cfg.log_dir) else {}
+        if victim in pids and os.path.exists(os.path.join(cfg.run_dir, "stats.jsonl")):
+            os.kill(pids[victim], signum)
+            return time.monotonic()
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("mode", ["local", "ray"])
+def test_killing_a_worker_stops_the_run_naming_it(tmp_path, mode, request):
+    if mode == "ray":
+        request.getfixturevalue("ray_cluster")
+    slow = ModelInterfaceAbstraction("sys_test_slow", {"delay": 0.3})
+    cfg = single_call_config(tmp_path, f"kill-{mode}", slow, steps=1000, n_samples=4000)
+    killed_at = []
+    killer = threading.Thread(target=lambda: killed_at.append(_kill_when_running(cfg, "model_worker/1")))
+    killer.start()
+    with pytest.raises(ExperimentFailedError) as info:
+        run_experiment(cfg, mode)
+    stopped_at = time.monotonic()
+    killer.join()
+    assert killed_at and killed_at[0] is not None, "the run never got going"
+    assert stopped_at - killed_at[0] < 30
+    assert info.value.worker == "model_worker/1"
+    assert "model_worker/1" in str(info.value) and "last lines of model_worker/1's log" in str(info.value)
+    pids = worker_pids(cfg)
+    deadline = time.monotonic() + 10
+    while alive(pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(pids.values()) == []
+
+
+def test_ctrl_c_stops_every_worker_and_exits_nonzero(tmp_path):
+    import pickle
+
+    slow = ModelInterfaceAbstraction("sys_test_slow", {"delay": 0.3})
+    cfg = single_call_config(tmp_path, "ctrlc", slow, steps=1000, n_samples=4000)
+    path = tmp_path / "config.pkl"
+    path.write_bytes(pickle.dumps(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "realrl.apps.main", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(cfg.run_dir, "stats.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = worker_pids(cfg)
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out.decode()[-2000:]
+    assert b"interrupted" in out
+    assert alive(pids.values()) == []
