@@ -56,7 +56,13 @@ class DataCollatorForPreference:
             f"(keys: {sorted(example)})"
         )
 
-    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, examples: Sequence[dict[str, Any]], return_tensors: str | None = None
+    ) -> dict[str, torch.Tensor]:
+        if (return_tensors or self.return_tensors) != "pt":
+            raise ValueError(
+                f"DataCollatorForPreference: only return_tensors='pt' is supported, got {return_tensors!r}"
+            )
         if not examples:
             raise ValueError("DataCollatorForPreference: empty list of examples")
         pairs = [self._pair(e, i) for i, e in enumerate(examples)]
