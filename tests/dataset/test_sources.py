@@ -126,3 +126,12 @@ def test_get_field_names_the_field():
         get_field({"a": 1}, "a", str, where)
     with pytest.raises(DataError, match="field 'a' must be a number, got bool"):
         get_field({"a": True}, "a", float, where)
+
+
+def test_rows_from_a_hydra_config_become_plain_dicts_and_lists():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"rows": [{"chosen_ids": [1, 2], "rejected_ids": [3]}]})
+    (row,) = load_rows(cfg.rows).rows
+    assert row == {"chosen_ids": [1, 2], "rejected_ids": [3]}
+    assert type(row) is dict and type(row["chosen_ids"]) is list

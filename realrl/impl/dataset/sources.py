@@ -7,6 +7,7 @@ import bisect
 import dataclasses
 import json
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from realrl.impl.dataset.errors import DataError
@@ -124,6 +125,15 @@ def _read_path(path: str, split: str | None) -> tuple[list[dict], _Segment]:
     )
 
 
+def _plain(x: Any) -> Any:
+    """Config containers (hydra's DictConfig / ListConfig) -> plain dicts and lists."""
+    if isinstance(x, Mapping) and not isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, Sequence) and not isinstance(x, (str, bytes, list)):
+        return [_plain(v) for v in x]
+    return x
+
+
 # a path, a list of paths, a datasets object, a list of dicts, or a callable returning one of these
 DataSource = Any
 
@@ -134,16 +144,13 @@ def load_rows(source: DataSource, split: str | None = None) -> RowTable:
     if callable(source) and not hasattr(source, "to_list"):
         source = source()
     parts: list[tuple[list[dict], _Segment]] = []
+    is_list = isinstance(source, Sequence) and not isinstance(source, (str, bytes))  # also hydra's ListConfig
     if isinstance(source, (str, os.PathLike)):
         parts.append(_read_path(os.fspath(source), split))
-    elif (
-        isinstance(source, (list, tuple))
-        and source
-        and all(isinstance(s, (str, os.PathLike)) for s in source)
-    ):
+    elif is_list and source and all(isinstance(s, (str, os.PathLike)) for s in source):
         parts.extend(_read_path(os.fspath(p), split) for p in source)
-    elif isinstance(source, (list, tuple)):
-        parts.append((list(source), _Segment(0, "<list of rows>", "row")))
+    elif is_list:
+        parts.append(([_plain(r) for r in source], _Segment(0, "<list of rows>", "row")))
     else:
         parts.append((_hf_rows(source, f"<{type(source).__name__}>", split), _Segment(0, "<dataset>", "row")))
     rows, segments = [], []
