@@ -157,8 +157,10 @@ class RayLauncher:
         import ray
 
         actor_cls = ray.remote(RayWorkerActor)
+        os.makedirs(self.log_dir, exist_ok=True)
         for cfg in configs:
             name = cfg.worker_name
+            open(worker_log_path(self.log_dir, name), "w").close()  # a rerun of the trial starts a fresh log
             actor = actor_cls.options(num_cpus=self.cpus, max_restarts=0).remote()
             self.actors[name] = actor
             self.refs[name] = actor.run.remote(cfg, self.secret, worker_log_path(self.log_dir, name))
