@@ -1,0 +1,206 @@
+"""Training throughput: realrl's TrainEngine on packed micro-batches vs a padded HF loop.
+
+Both sides train the same llama config (ReaLModel vs transformers' LlamaForCausalLM) from the same
+weights on the same mixed-length data with the same AdamW settings and the same number of
+micro-batches per step; the HF loop pads each micro-batch to its longest sequence (the usual
+``DataCollatorWithPadding`` recipe) and weights micro-batch losses by their token counts, so
+both compute the same loss (the first-step losses are printed side by side).
+
+Throughput is timed in one process with the two sides' steps interleaved, so load from other
+processes hits both alike. Peak RSS (ru_maxrss) is measured in one subprocess per side.
+
+    python benchmarks/bench_train.py [--steps 2] [--n-seqs 24] [--min-len 16] [--max-len 384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 2048, 128, 2, 4, 2, 344
+LR, BETAS, EPS, CLIP = 1e-4, (0.9, 0.95), 1e-5, 1.0
+
+
+def model_config():
+    from realrl.api.core.model_api import ReaLModelConfig
+
+    return ReaLModelConfig(
+        n_layers=LAYERS,
+        n_q_heads=HEADS,
+        n_kv_heads=KV_HEADS,
+        hidden_dim=HIDDEN,
+        intermediate_dim=FFN,
+        vocab_size=VOCAB,
+        n_positions=4096,
+    )
+
+
+def make_lengths(args) -> list[int]:
+    g = torch.Generator().manual_seed(args.seed)
+    return torch.randint(args.min_len, args.max_len + 1, (args.n_seqs,), generator=g).tolist()
+
+
+def make_step_data(args, step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    return [torch.randint(0, VOCAB, (n,), generator=g) for n in make_lengths(args)]
+
+
+def hf_chunks(items: list, n_mbs: int) -> list[list]:
+    """Contiguous micro-batches of equal sequence counts (what a padded DataLoader gives)."""
+    k = -(-len(items) // n_mbs)
+    return [items[i : i + k] for i in range(0, len(items), k)]
+
+
+def real_trainer(ckpt: str, args) -> Callable[[list[torch.Tensor], int], float]:
+    from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
+    from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+    from realrl.impl.model.nn import ReaLModel
+    from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
+
+    opt = OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, grad_clip=CLIP)
+    engine = TrainEngine(ReaLModel.from_pretrained(ckpt), opt, EngineConfig(dtype="fp32"), args.steps + 1)
+
+    def loss_fn(logits, mb):  # mean next-token NLL over the micro-batch's predictions
+        ids = mb.data["packed_input_ids"]
+        return -gather_packed_shifted_log_probs(logits, mb.cu_seqlens("packed_input_ids"), ids).mean(), {}
+
+    def n_predictions(mb):
+        return float(sum(n - 1 for n in mb.flat_seqlens("packed_input_ids")))
+
+    def step(seqs: list[torch.Tensor], version: int) -> float:
+        batch = SequenceSample.from_default(
+            ids=list(range(len(seqs))),
+            seqlens=[len(s) for s in seqs],
+            data={"packed_input_ids": torch.cat(seqs)},
+        )
+        mb_spec = MicroBatchSpec(n_mbs=args.n_mbs)
+        return engine.train_batch(batch, mb_spec, loss_fn, n_predictions, version_steps=version)["loss"]
+
+    return step
+
+
+def hf_trainer(ckpt: str, args) -> Callable[[list[torch.Tensor], int], float]:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS)
+
+    def step(seqs: list[torch.Tensor], version: int) -> float:
+        total = sum(len(s) - 1 for s in seqs)
+        step_loss = 0.0
+        for chunk in hf_chunks(seqs, args.n_mbs):
+            longest = max(len(s) for s in chunk)
+            ids = torch.zeros(len(chunk), longest, dtype=torch.long)
+            mask = torch.zeros(len(chunk), longest, dtype=torch.long)
+            for i, s in enumerate(chunk):
+                ids[i, : len(s)], mask[i, : len(s)] = s, 1
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+            weight = sum(len(s) - 1 for s in chunk) / total
+            (loss * weight).backward()
+            step_loss += float(loss.detach()) * weight
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return step_loss
+
+    return step
+
+
+TRAINERS = {"realrl": real_trainer, "hf": hf_trainer}
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def measure_rss(side: str, ckpt: str, args) -> dict:
+    """In a fresh process: RSS with the model loaded, and the peak over one training step."""
+    step = TRAINERS[side](ckpt, args)
+    before = rss_mb()
+    step(make_step_data(args, 0), 0)
+    return {"rss_before": before, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per side (after one warm-up step)")
+    p.add_argument("--n-seqs", type=int, default=24)
+    p.add_argument("--n-mbs", type=int, default=4)
+    p.add_argument("--min-len", type=int, default=16)
+    p.add_argument("--max-len", type=int, default=384)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rss-side", choices=sorted(TRAINERS), help=argparse.SUPPRESS)
+    p.add_argument("--ckpt", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.rss_side:
+        print("RESULT " + json.dumps(measure_rss(args.rss_side, args.ckpt, args)))
+        return
+
+    from realrl.impl.model.nn import ReaLModel
+
+    t_start = time.perf_counter()
+    lengths = make_lengths(args)
+    with tempfile.TemporaryDirectory() as ckpt:
+        torch.manual_seed(args.seed)
+        ReaLModel(model_config()).save_pretrained(ckpt)  # one set of weights for both sides
+        steps = {side: make(ckpt, args) for side, make in TRAINERS.items()}
+        seconds = {side: 0.0 for side in steps}
+        first_loss = {}
+        for i in range(args.steps + 1):  # step 0 warms up
+            seqs = make_step_data(args, i)
+            for side, step in steps.items():
+                t0 = time.perf_counter()
+                loss = step(seqs, i)
+                if i:
+                    seconds[side] += time.perf_counter() - t0
+                first_loss.setdefault(side, loss)
+        rss = {}
+        for side in TRAINERS:
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--rss-side", side, "--ckpt", ckpt]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            rss[side] = json.loads(out.split("RESULT ", 1)[1])
+
+    tokens = sum(lengths) * args.steps
+    tps = {side: tokens / s for side, s in seconds.items()}
+    padded = sum(len(c) * max(c) for c in hf_chunks(lengths, args.n_mbs))
+    print(
+        f"config: llama {LAYERS} layers, hidden {HIDDEN}, vocab {VOCAB}; {args.n_seqs} seqs/step of "
+        f"{args.min_len}-{args.max_len} tokens (mean {sum(lengths) / len(lengths):.0f}), {args.n_mbs} "
+        f"micro-batches, {args.steps} timed steps, {args.threads} threads, fp32 CPU"
+    )
+    print(
+        f"HF padding: {padded} padded tokens for {sum(lengths)} real ({1 - sum(lengths) / padded:.0%} waste)"
+    )
+    print(
+        f"first-step loss: realrl {first_loss['realrl']:.5f}  hf {first_loss['hf']:.5f} (same weights, data)"
+    )
+    for side, name in (("realrl", "realrl TrainEngine (packed)"), ("hf", "HF padded loop")):
+        r = rss[side]
+        print(
+            f"{name:28s} {tps[side]:8.0f} tokens/s   peak RSS {r['peak_rss']:6.0f} MiB "
+            f"(+{r['peak_rss'] - r['rss_before']:.0f} MiB over the loaded model)"
+        )
+    grow = {s: rss[s]["peak_rss"] - rss[s]["rss_before"] for s in rss}
+    print(f"throughput ratio realrl / hf: {tps['realrl'] / tps['hf']:.2f}x")
+    print(
+        f"peak RSS ratio realrl / hf: {rss['realrl']['peak_rss'] / rss['hf']['peak_rss']:.2f} "
+        f"(training increment ratio {grow['realrl'] / max(grow['hf'], 1.0):.2f})"
+    )
+    print(f"wall time {time.perf_counter() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
