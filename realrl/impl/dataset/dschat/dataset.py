@@ -111,6 +111,8 @@ class DSChatDataset(SampleListDataset):
                     raise Skip("no prompt or chosen text")
                 p_ids = encode(prompt)
                 full = fit(p_ids + encode(chosen + eot, special=False))
+                if len(full) <= len(p_ids):
+                    raise Skip(f"prompt alone fills max_seq_len={max_seq_len}")
                 return sft_sample(id_, full[: len(p_ids)], full[len(p_ids) :])
             if phase == 2:
                 chosen, rejected = raw.get_prompt_and_chosen(row), raw.get_prompt_and_rejected(row)
