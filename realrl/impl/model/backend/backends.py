@@ -6,7 +6,8 @@
   "inference"  InferenceEngine(engine=EngineConfig | dict)
   "null"       leaves the model as it is
 ``dp_group`` is a torch.distributed process group of the model's data-parallel ranks (the model
-worker passes it at run time); None trains in one process.
+worker passes it at run time); None trains in one process. Every backend accepts it; only "train"
+uses it.
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ class TrainBackend:
 
 
 class InferenceBackend:
-    def __init__(self, engine: EngineConfig | dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, engine: EngineConfig | dict[str, Any] | None = None, dp_group: dist.ProcessGroup | None = None
+    ) -> None:
+        del dp_group  # accepted so every backend takes the same arguments; inference needs no sync
         self.engine = coerce(EngineConfig, engine, "inference backend 'engine'")
 
     def initialize(self, model: Model, ft_spec: FinetuneSpec | None = None) -> Model:
@@ -65,6 +69,9 @@ class InferenceBackend:
 
 
 class NullBackend:
+    def __init__(self, dp_group: dist.ProcessGroup | None = None) -> None:
+        del dp_group
+
     def initialize(self, model: Model, ft_spec: FinetuneSpec | None = None) -> Model:
         return model
 

@@ -115,13 +115,15 @@ class InferenceEngine:
 
     def packed_forward(self, mb: SequenceSample, key: str = INPUT_KEY) -> torch.Tensor:
         """The module's output on ``mb[key]``, all sequences of all samples packed."""
-        input_ids = mb.data[key].to(self.device)
+        input_ids = mb.data[key]
         cu_seqlens = mb.cu_seqlens(key).to(self.device)
         with self._autocast():
             return self.module(input_ids, cu_seqlens)
 
     def split(self, input_: SequenceSample, mb_spec: MicroBatchSpec | None) -> list[SequenceSample]:
-        return input_.split(mb_spec or MicroBatchSpec())
+        """Micro-batches on the engine's device, so hooks and losses see one device (``input_``
+        itself is left where it is)."""
+        return [mb.to(self.device) for mb in input_.split(mb_spec or MicroBatchSpec())]
 
     @torch.no_grad()
     def forward(
@@ -157,7 +159,7 @@ class InferenceEngine:
         outs = []
         with self._mode(training=False):
             for mb in self.split(input_, mb_spec):
-                prompts = mb.data[PROMPT_KEY].to(self.device)
+                prompts = mb.data[PROMPT_KEY]
                 cu_seqlens = mb.cu_seqlens(PROMPT_KEY).to(self.device)
                 with self._autocast():
                     outs.append(self.module.generate(prompts, cu_seqlens, gconfig, eos_token_id=eos))
