@@ -274,3 +274,14 @@ def test_generation_interface_writes_jsonl(tokenizer, tmp_path):
     assert len(rows) == 4 == len(out.flat_seqlens("packed_input_ids"))
     assert [r["id"] for r in rows] == ["0#0", "0#1", "1#0", "1#1"]
     assert rows[0]["prompt"] == "w1 w2"
+
+
+def test_logprobs_without_temperature_scaling_are_recomputed_at_temperature_one(tokenizer):
+    actor = make_model(tokenizer)
+    a = actor_iface(gen={**GEN, "temperature": 0.7}, temperature_scale_logprobs=False)
+    torch.manual_seed(0)
+    out = a.generate(actor, prompt_batch(tokenizer, PROMPTS))
+    mask = F.response_loss_mask(out.data["prompt_mask"], out.cu_seqlens("packed_input_ids"))
+    t1 = make_interface("ppo_actor").inference(actor, out).data["packed_ref_logprobs"]  # temperature 1
+    torch.testing.assert_close(out.data["packed_logprobs"][mask], t1[mask], atol=1e-4, rtol=0)
+    assert (out.data["packed_logprobs"][~mask] == 0).all()
