@@ -69,6 +69,7 @@ def build_config(name: str, overrides: list[str]):
     """The experiment's config object from ``overrides`` (what hydra does, without a CLI)."""
     from omegaconf import OmegaConf
 
+    _register_everything()
     cls = get_quickstart_exp(name)
     expanded, overrides = preset_overrides(overrides)
     dotlist = [f"experiment_name={name}"] + toy_overrides(cls, overrides) + expanded + list(overrides)
@@ -121,17 +122,15 @@ def main(argv: list[str] | None = None) -> None:
 
     cls = get_quickstart_exp(name)
     ConfigStore.instance().store(name=name, node=cls)
-    flags = [o for o in overrides if o.startswith("-")]
-    plain = [o for o in overrides if not o.startswith("-")]
-    expanded, plain = preset_overrides(plain)
+    expanded, rest = preset_overrides(overrides)
     hydra_args = [
         "hydra.run.dir=${fileroot}/${experiment_name}/${trial_name}",
         "hydra.output_subdir=null",
         "hydra/job_logging=none",
         "hydra/hydra_logging=none",
     ]
-    defaults = [f"experiment_name={name}"] + toy_overrides(cls, plain) + expanded
-    sys.argv = [f"realrl.apps.quickstart {name}"] + hydra_args + defaults + plain + flags
+    defaults = [f"experiment_name={name}"] + toy_overrides(cls, rest) + expanded
+    sys.argv = [f"realrl.apps.quickstart {name}"] + hydra_args + defaults + rest
 
     @hydra.main(version_base=None, config_name=name)
     def run(cfg) -> None:

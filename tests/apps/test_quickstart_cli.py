@@ -1,0 +1,113 @@
+"""The command line: errors before any worker starts, presets, resolved configs."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from realrl.api.core.dfg import build_graph
+from realrl.apps.quickstart import build_config, preset_overrides, toy_overrides
+
+
+def cli(*args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "realrl.apps.quickstart", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_help_lists_experiments_and_groups():
+    out = cli("--help")
+    assert out.returncode == 0
+    for name in ("sft", "rw", "dpo", "ppo", "grpo", "gen"):
+        assert f"  {name}" in out.stdout
+    assert "groups: " in out.stdout and "actor" in out.stdout
+
+
+def test_unknown_experiment():
+    out = cli("ppx")
+    assert out.returncode != 0 and "unknown experiment 'ppx'" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("actor.optimzer.lr=1", "Key 'optimzer' not in 'ModelTrainEvalConfig'"),
+        ("seed=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+        ("mode=cluster", "mode='cluster' is not allowed; choose one of ['local', 'ray']"),
+    ],
+)
+def test_cli_fails_before_any_worker_naming_the_key(override, message, tmp_path):
+    out = cli("ppo", f"fileroot={tmp_path}", override)
+    assert out.returncode != 0
+    assert message in out.stdout + out.stderr
+    assert not any(tmp_path.rglob("*.log"))  # no worker ever started
+
+
+@pytest.mark.parametrize(
+    "override, error, message",
+    [
+        ("actor.optimzer.lr=1", Exception, "optimzer"),
+        ("ppo.kl_estimator=k9", ValueError, "kl_estimator must be 'k1', 'k2' or 'k3'"),
+        ("actor.optimizer.lr_scheduler_type=step", ValueError, "lr_scheduler_type must be one of"),
+        ("recover_mode=sometimes", ValueError, "recover_mode='sometimes' is not allowed"),
+        ("exp_ctrl.total_train_epochs=0", ValueError, "exp_ctrl.total_train_epochs must be >= 1"),
+        ("ppo_preset=nope", SystemExit, "ppo_preset='nope' is not a preset"),
+    ],
+)
+def test_config_errors_name_the_key(override, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        build_config("ppo", [override])
+
+
+def test_cfg_job_prints_resolved_config_with_toy_preset_and_user_precedence(tmp_path):
+    out = cli("ppo", f"fileroot={tmp_path}", "actor.optimizer.lr=0.5", "--cfg", "job")
+    assert out.returncode == 0, out.stderr
+    assert "lr: 0.5" in out.stdout  # the user's value beats the toy preset's 1e-4
+    assert "trial_name: toy-seed${seed}" in out.stdout
+    assert "max_new_tokens: 13" in out.stdout
+
+
+def test_presets_expand_before_user_overrides():
+    expanded, rest = preset_overrides(["ppo_preset=lm_human_preferences", "ppo.kl_ctl=0.3"])
+    assert rest == ["ppo.kl_ctl=0.3"]
+    assert "ppo.adaptive_kl_ctl=true" in expanded and "ppo.gen.fixed_length=true" in expanded
+    cfg = build_config("ppo", ["ppo_preset=lm_human_preferences", "ppo.kl_ctl=0.3", "dataset.path=x.jsonl"])
+    assert cfg.ppo.kl_ctl == 0.3 and cfg.ppo.adaptive_kl_ctl and cfg.ppo.gen.max_new_tokens == 24
+
+
+def test_toy_preset_only_without_a_dataset_path():
+    from realrl.experiments.ppo import PPOConfig
+
+    assert toy_overrides(PPOConfig, []) and not toy_overrides(PPOConfig, ["dataset.path=/data/p.jsonl"])
+    cfg = build_config("ppo", ["dataset.path=/data/p.jsonl", "actor.path=/m"])
+    assert cfg.trial_name == "default" and cfg.actor.optimizer.lr == 1e-5
+
+
+@pytest.mark.parametrize("name", ["sft", "rw", "dpo", "ppo", "grpo", "gen"])
+def test_every_experiment_builds_a_valid_graph_on_the_toy_task(name, tmp_path):
+    cfg = build_config(name, [f"fileroot={tmp_path}"])
+    exp = cfg.initial_setup()
+    graph = build_graph(exp.mfcs, exp.dataset_keys())
+    assert graph.number_of_nodes() == len(exp.mfcs)
+    assert exp.run_dir.startswith(str(tmp_path)) and exp.trial_name == "toy-seed1"
+    if name in ("ppo",):
+        assert set(graph.nodes) == {
+            "actor_gen",
+            "rew_inf",
+            "ref_inf",
+            "critic_inf",
+            "actor_train",
+            "critic_train",
+        }
+    if name == "grpo":
+        assert "critic_inf" not in graph and exp.models["reward"].model.type_ == "null"
+
+
+def test_allocation_mode_reaches_the_experiment(tmp_path):
+    cfg = build_config("ppo", [f"fileroot={tmp_path}", "allocation_mode=actor:d2,*:d1@1"])
+    exp = cfg.initial_setup()
+    assert exp.allocations["actor"] == [0, 1] and exp.allocations["critic"] == [1]
