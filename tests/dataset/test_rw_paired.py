@@ -136,3 +136,9 @@ def test_margin_on_some_rows_only_is_an_error(util):
         RewardPairDataset(util, dataset_path=rows)
     with pytest.raises(DataError, match="row 1: field 'margin' is set"):
         RewardPairDataset(util, dataset_path=rows[::-1])
+
+
+def test_margin_key_none_ignores_margins(util):
+    rows = [{"chosen_ids": [1], "rejected_ids": [2], "margin": 1.0}]
+    assert "margins" in RewardPairDataset(util, dataset_path=rows)[0].keys
+    assert "margins" not in RewardPairDataset(util, dataset_path=rows, margin_key=None)[0].keys
