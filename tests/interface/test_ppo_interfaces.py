@@ -285,3 +285,29 @@ def test_logprobs_without_temperature_scaling_are_recomputed_at_temperature_one(
     t1 = make_interface("ppo_actor").inference(actor, out).data["packed_ref_logprobs"]  # temperature 1
     torch.testing.assert_close(out.data["packed_logprobs"][mask], t1[mask], atol=1e-4, rtol=0)
     assert (out.data["packed_logprobs"][~mask] == 0).all()
+
+
+@pytest.mark.parametrize("stop", [{"early_stop_imp_ratio": 0.5}, {"early_stop_kl": -1.0}])
+def test_early_stop_zeroes_the_update(tokenizer, stop):
+    actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True)
+    a = actor_iface(**{"ppo_n_minibatches": 1, "early_stop_imp_ratio": None, **stop})
+    data = rollout(tokenizer, a, actor, critic=critic, critic_if=critic_iface())
+    before = [p.detach().clone() for p in actor.module.module.parameters()]
+    stats = a.train_step(actor, data)
+    assert stats["early_stopped"] == 1.0
+    assert all(torch.equal(b, p) for b, p in zip(before, actor.module.module.parameters()))
+
+
+def test_one_minibatch_whitening_scopes_agree(tokenizer):
+    """Seed 002 PPO detail 9's optimisation note: with one minibatch, whitening per minibatch and
+    once per batch give the same update."""
+    params = []
+    for scope in ("batch", "minibatch"):
+        actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True)
+        opts = dict(ppo_n_minibatches=1, ppo_n_epochs=2, reward_whiten=True, whiten_scope=scope)
+        a = actor_iface(**opts)
+        data = rollout(tokenizer, a, actor, critic=critic, critic_if=critic_iface(**opts))
+        a.train_step(actor, data)
+        params.append([p.detach().clone() for p in actor.module.module.parameters()])
+    for p, q in zip(*params):
+        torch.testing.assert_close(p, q)
