@@ -118,6 +118,11 @@ class PPOActorInterface(ModelInterface):
             hp.early_stop_imp_ratio is not None and stats["importance_ratio"] > hp.early_stop_imp_ratio
         ) or (hp.early_stop_kl is not None and stats["approx_kl"] > hp.early_stop_kl)
         if stop:
+            logger.info(
+                "early stop: importance ratio %.3f, approx KL %.4f: this micro-batch adds no gradient",
+                stats["importance_ratio"],
+                stats["approx_kl"],
+            )
             loss = loss * 0.0
         stats["early_stopped"] = float(stop)
         return loss, stats
