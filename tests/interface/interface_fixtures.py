@@ -34,12 +34,21 @@ def tiny_config(is_critic: bool = False) -> ReaLModelConfig:
 
 
 def make_model(
-    tokenizer, role: str = "actor", critic: bool = False, train: bool = True, lr: float = 1e-2, seed: int = 0
+    tokenizer,
+    role: str = "actor",
+    critic: bool = False,
+    train: bool = True,
+    lr: float = 1e-2,
+    seed: int = 0,
+    device: str = "cpu",
 ) -> Model:
     torch.manual_seed(seed)
     module = ReaLModel(tiny_config(critic))
-    engine = TrainEngine(module, OptimizerConfig(lr=lr, grad_clip=0.0)) if train else InferenceEngine(module)
-    return Model(ModelName(role), engine, tokenizer)
+    if train:
+        engine = TrainEngine(module, OptimizerConfig(lr=lr, grad_clip=0.0), device=device)
+    else:
+        engine = InferenceEngine(module, device=device)
+    return Model(ModelName(role), engine, tokenizer, device=device)
 
 
 def ids_of(tokenizer, text: str) -> list[int]:

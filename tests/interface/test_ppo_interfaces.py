@@ -311,3 +311,26 @@ def test_one_minibatch_whitening_scopes_agree(tokenizer):
         params.append([p.detach().clone() for p in actor.module.module.parameters()])
     for p, q in zip(*params):
         torch.testing.assert_close(p, q)
+
+
+@pytest.mark.gpu
+def test_every_interface_runs_with_models_on_cuda(tokenizer):
+    """Data stays on the CPU, models on the GPU: every loss and hook moves what it needs."""
+    from interface_fixtures import paired_batch, prompt_answer_batch
+
+    dev = "cuda"
+    actor, critic = (
+        make_model(tokenizer, device=dev),
+        make_model(tokenizer, role="critic", critic=True, device=dev),
+    )
+    a, c = actor_iface(), critic_iface()
+    data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    assert "loss" in a.train_step(actor, data) and "critic_loss" in c.train_step(critic, data)
+    sft = make_interface("sft")
+    assert sft.train_step(actor, prompt_answer_batch(tokenizer, [("w1", "good .")]))["loss"] > 0
+    pairs = paired_batch(tokenizer, [[("w1 good .", "w1 bad .")]])
+    rw = make_interface("paired_rw")
+    assert rw.train_step(critic, pairs)["loss"] > 0
+    dpo = make_interface("dpo")
+    pairs.update_(dpo.inference(actor, pairs))
+    assert dpo.train_step(actor, pairs)["loss"] > 0
