@@ -32,8 +32,10 @@ def ppo_mfcs(
     reward: ModelInterfaceAbstraction | None = None,
     mb_specs: dict[str, MicroBatchSpec] | None = None,
     use_critic: bool = True,
+    reward_inputs: tuple[str, ...] = ("packed_input_ids",),
 ) -> list[MFCDef]:
-    """The PPO graph; without a critic (GRPO) the ``values`` key and both critic calls go."""
+    """The PPO graph; without a critic (GRPO) the ``values`` key and both critic calls go.
+    A reward plugin also reads ``prompt_mask`` (``reward_inputs``) to split prompt from answer."""
     actor = actor or ModelInterfaceAbstraction("ppo_actor")
     critic = critic or ModelInterfaceAbstraction("ppo_critic")
     reward = reward or ModelInterfaceAbstraction("paired_rw")
@@ -42,7 +44,7 @@ def ppo_mfcs(
     train_keys = TRAIN_KEYS if use_critic else tuple(k for k in TRAIN_KEYS if k != "values")
     nodes = [
         mfc("actor_gen", "actor", gen, actor, n_seqs, ("packed_prompts",), ROLLOUT_KEYS, mb.get("actor_gen")),
-        mfc("rew_inf", "reward", inf, reward, n_seqs, ("packed_input_ids",), ("rewards",), mb.get("rew_inf")),
+        mfc("rew_inf", "reward", inf, reward, n_seqs, reward_inputs, ("rewards",), mb.get("rew_inf")),
         mfc(
             "ref_inf",
             "ref",
@@ -176,8 +178,17 @@ class PPOConfig(CommonExperimentConfig):
             "critic_inf": self.critic.mb_spec(),
             "critic_train": self.critic.mb_spec(),
         }
+        reward_inputs = (
+            ("packed_input_ids",) if self.reward_fn is None else ("packed_input_ids", "prompt_mask")
+        )
         nodes = ppo_mfcs(
-            self.dataset.train_bs_n_seqs, actor_iface, critic_iface, reward_iface, mb_specs, self.uses_critic
+            self.dataset.train_bs_n_seqs,
+            actor_iface,
+            critic_iface,
+            reward_iface,
+            mb_specs,
+            self.uses_critic,
+            reward_inputs,
         )
         return experiment_config(self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer)
 
