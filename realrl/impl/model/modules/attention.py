@@ -24,6 +24,7 @@ class PackedMeta:
     seqlens: list[int]
     max_seqlen: int
     positions: torch.Tensor  # long [T], restarting at 0 per sequence
+    pad_index: torch.Tensor  # long [T]: row * max_seqlen + position, the token's slot in a [B, Lmax] grid
 
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, total: int) -> PackedMeta:
@@ -41,7 +42,9 @@ class PackedMeta:
         lens = torch.tensor(seqlens, device=device)
         starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lens, output_size=total)
         positions = torch.arange(total, device=device) - starts
-        return cls(cu_seqlens.to(torch.int32), seqlens, max(seqlens), positions)
+        max_len = max(seqlens)
+        rows = torch.repeat_interleave(torch.arange(len(seqlens), device=device), lens, output_size=total)
+        return cls(cu_seqlens.to(torch.int32), seqlens, max_len, positions, rows * max_len + positions)
 
 
 def flash_attn_available() -> bool:
@@ -79,26 +82,32 @@ def _window_mask(L: int, window: int, device) -> torch.Tensor:
 
 
 def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float):
-    """One SDPA call per sequence: exact, no cross-sequence work, no padding copies."""
-    gqa = q.shape[1] != k.shape[1]
-    outs = []
-    start = 0
-    for L in meta.seqlens:
-        qs, ks, vs = (x[start : start + L].transpose(0, 1) for x in (q, k, v))
-        start += L
-        mask = _window_mask(L, window, q.device) if window and window < L else None
-        o = F.scaled_dot_product_attention(
-            qs,
-            ks,
-            vs,
-            attn_mask=mask,
-            is_causal=mask is None,
-            dropout_p=dropout_p,
-            scale=scale,
-            enable_gqa=gqa,
-        )
-        outs.append(o.transpose(0, 1))
-    return torch.cat(outs, dim=0)
+    """Exact on any device: scatter into a right-padded [B, H, Lmax, D] grid, one batched SDPA call.
+
+    With right padding, a causal mask already keeps every real query away from padding (pad keys
+    sit after the query), so no key-padding mask is needed and outputs at pad slots are dropped.
+    Measured on CPU (benchmarks/bench_forward.py, 32 sequences of 16-128 tokens) this beats one
+    SDPA call per sequence by ~2x forward and more in backward, and a block-diagonal mask over all
+    T tokens wastes O(T^2) work.
+    """
+    B, L = len(meta.seqlens), meta.max_seqlen
+
+    def grid(x: torch.Tensor) -> torch.Tensor:
+        flat = x.new_zeros(B * L, x.shape[1], x.shape[2]).index_copy(0, meta.pad_index, x)
+        return flat.view(B, L, x.shape[1], x.shape[2]).transpose(1, 2)
+
+    mask = _window_mask(L, window, q.device) if window and window < L else None
+    out = F.scaled_dot_product_attention(
+        grid(q),
+        grid(k),
+        grid(v),
+        attn_mask=mask,
+        is_causal=mask is None,
+        dropout_p=dropout_p,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out.transpose(1, 2).reshape(B * L, q.shape[1], q.shape[2])[meta.pad_index]
 
 
 def _flash_attn(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 from realrl.impl.model.modules.attention import PackedMeta, packed_attention
 
@@ -38,6 +37,19 @@ class KVCache:
             self.k = [t.repeat_interleave(n, dim=0) for t in self.k]
             self.v = [t.repeat_interleave(n, dim=0) for t in self.v]
 
+    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat indices [N * Hkv] into a layer viewed as [B * Hkv * capacity, D] for (row, position)
+        pairs: writing through them is one index_copy_ (advanced-index assignment is far slower)."""
+        _, h, cap, _ = self.k[0].shape
+        heads = torch.arange(h, device=rows.device)
+        return ((rows[:, None] * h + heads[None, :]) * cap + positions[:, None]).reshape(-1)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [N, Hkv, D] into the flat ``slots`` from :meth:`slots`."""
+        d = k.shape[-1]
+        self.k[layer].view(-1, d).index_copy_(0, slots, k.reshape(-1, d))
+        self.v[layer].view(-1, d).index_copy_(0, slots, v.reshape(-1, d))
+
 
 @dataclasses.dataclass
 class PackedContext:
@@ -47,7 +59,8 @@ class PackedContext:
     impl: str
     dropout_p: float = 0.0
     cache: KVCache | None = None
-    cache_rows: torch.Tensor | None = None  # long [T]: which cache row each token goes to
+    cache_slots: torch.Tensor | None = None  # from KVCache.slots: where each token's k/v go
+    weight_cache: dict | None = None  # fused projection weights, reused within one generate call
 
     @property
     def positions(self) -> torch.Tensor:
@@ -59,8 +72,7 @@ class PackedContext:
 
     def attend(self, layer: int, q, k, v, scale: float, window: int | None) -> torch.Tensor:
         if self.cache is not None:
-            self.cache.k[layer][self.cache_rows, :, self.meta.positions] = k
-            self.cache.v[layer][self.cache_rows, :, self.meta.positions] = v
+            self.cache.write(layer, self.cache_slots, k, v)
         return packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p)
 
 
@@ -71,12 +83,22 @@ class DecodeContext:
     cache: KVCache
     lens: torch.Tensor  # long [B]: filled slots per row == the new token's position
     max_len: int  # max(lens) + 1: how far into the cache any row reaches
+    weight_cache: dict | None = None
 
     def __post_init__(self) -> None:
         slots = torch.arange(self.max_len, device=self.lens.device)
-        self._mask = (slots[None, :] <= self.lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
-        self._rows = torch.arange(self.lens.shape[0], device=self.lens.device)
-        self._window_masks: dict[int, torch.Tensor] = {}
+        self._bias = self._additive(slots[None, :] <= self.lens[:, None])
+        rows = torch.arange(self.lens.shape[0], device=self.lens.device)
+        self._slots = self.cache.slots(rows, self.lens)
+        self._window_bias: dict[int, torch.Tensor] = {}
+
+    def _additive(self, keep: torch.Tensor) -> torch.Tensor:
+        """bool [B, L] -> [B * Hkv, 1, L]: 0 where attended, -inf elsewhere (one row per kv head)."""
+        hkv = self.cache.k[0].shape[1]
+        bias = torch.zeros(keep.shape, dtype=self.cache.k[0].dtype, device=keep.device).masked_fill_(
+            ~keep, float("-inf")
+        )
+        return bias.repeat_interleave(hkv, dim=0).unsqueeze(1)
 
     @property
     def positions(self) -> torch.Tensor:
@@ -86,27 +108,28 @@ class DecodeContext:
     def max_position(self) -> int:
         return self.max_len
 
-    def _mask_for(self, window: int | None) -> torch.Tensor:
+    def _bias_for(self, window: int | None) -> torch.Tensor:
         if not window:
-            return self._mask
-        if window not in self._window_masks:
+            return self._bias
+        if window not in self._window_bias:
             slots = torch.arange(self.max_len, device=self.lens.device)
-            inside = slots[None, :] > self.lens[:, None] - window
-            self._window_masks[window] = self._mask & inside[:, None, None, :]
-        return self._window_masks[window]
+            keep = (slots[None, :] <= self.lens[:, None]) & (slots[None, :] > self.lens[:, None] - window)
+            self._window_bias[window] = self._additive(keep)
+        return self._window_bias[window]
 
     def attend(self, layer: int, q, k, v, scale: float, window: int | None) -> torch.Tensor:
-        """q [B, Hq, D], k/v [B, Hkv, D] -> [B, Hq, D]."""
-        ck, cv = self.cache.k[layer], self.cache.v[layer]
-        ck[self._rows, :, self.lens] = k
-        cv[self._rows, :, self.lens] = v
-        keys, vals = ck[:, :, : self.max_len], cv[:, :, : self.max_len]
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2),
-            keys,
-            vals,
-            attn_mask=self._mask_for(window),
-            scale=scale,
-            enable_gqa=q.shape[1] != k.shape[1],
-        )
-        return out.squeeze(2)
+        """q [B, Hq, D], k/v [B, Hkv, D] -> [B, Hq, D]: one query per row against its cached prefix.
+
+        Written out as baddbmm (scale and mask fused into the score matmul), softmax, bmm: three
+        ops per layer. With one query and a mask, SDPA's CPU path falls back to a slower math
+        kernel with extra mask checks."""
+        self.cache.write(layer, self._slots, k, v)
+        B, hq, d = q.shape
+        hkv = k.shape[1]
+        L = self.max_len
+        keys = self.cache.k[layer][:, :, :L].reshape(B * hkv, L, d)  # a view: rows and heads merge
+        vals = self.cache.v[layer][:, :, :L].reshape(B * hkv, L, d)
+        qg = q.reshape(B * hkv, hq // hkv, d)  # query heads grouped by their kv head (GQA)
+        scores = torch.baddbmm(self._bias_for(window), qg, keys.transpose(1, 2), alpha=scale)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vals.dtype)
+        return torch.bmm(probs, vals).view(B, hq, d)

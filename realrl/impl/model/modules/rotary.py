@@ -47,20 +47,21 @@ class RotaryEmbedding(nn.Module):
         n = max(n, 256, 0 if self._cos is None else 2 * self._cos.shape[0])
         pos = torch.arange(n, device=self.inv_freq.device, dtype=torch.float32)
         freqs = torch.outer(pos, self.inv_freq.float())
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self._cos, self._sin = emb.cos(), emb.sin()
+        # rotate_half(x) * sin == swap_halves(x) * [-sin, sin]: the sign lives in the table
+        self._cos = torch.cat([freqs, freqs], dim=-1).cos()
+        self._sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
 
     def forward(
         self, positions: torch.Tensor, max_pos: int, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim] for ``positions`` [T] (all < ``max_pos``)."""
+        """cos, signed sin of shape [T, 1, head_dim] for ``positions`` [T] (all < ``max_pos``)."""
         if self._cos is None or self._cos.shape[0] < max_pos or self._cos.device != self.inv_freq.device:
             self._grow(max_pos)
         return self._cos[positions].to(dtype).unsqueeze(1), self._sin[positions].to(dtype).unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] rotated by position: x * cos + rotate_half(x) * sin."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated by position: x * cos + rotate_half(x) * sin (HF layout), in 3 ops."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return torch.addcmul(x * cos, swapped, signed_sin)

@@ -27,16 +27,16 @@ def _next_tokens(
     logits: torch.Tensor, g: GenerationHyperparameters, eos: torch.Tensor, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(token [B], its log-prob under logits / temperature [B]) for one step."""
-    scaled = logits.float() / g.temperature
+    scaled = logits.float() if g.temperature == 1.0 else logits.float() / g.temperature
     logp = torch.log_softmax(scaled, dim=-1)
-    pick = scaled
-    if step < g.min_new_tokens and eos.numel():  # EOS is not allowed yet
-        pick = scaled.index_fill(-1, eos, float("-inf"))
+    masked = step < g.min_new_tokens and eos.numel() > 0  # EOS is not allowed yet
+    pick = scaled.index_fill(-1, eos, float("-inf")) if masked else scaled
     if g.greedy:
         tokens = pick.argmax(dim=-1)
-    else:
-        probs = torch.softmax(warp_logits(pick, g.top_k, g.top_p), dim=-1)
-        tokens = torch.multinomial(probs, 1).squeeze(-1)
+    elif masked or g.top_k > 0 or g.top_p < 1.0:
+        tokens = torch.multinomial(torch.softmax(warp_logits(pick, g.top_k, g.top_p), dim=-1), 1).squeeze(-1)
+    else:  # plain sampling: the probabilities are exp(logp), no second softmax
+        tokens = torch.multinomial(logp.exp(), 1).squeeze(-1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
@@ -70,7 +70,9 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
         cfg.n_layers, n_prompts, cfg.n_kv_heads, max(prompt_lens) + max_new, cfg.head_dim, model.dtype, device
     )
     lens_t = torch.tensor(prompt_lens, device=device)
-    ctx.cache, ctx.cache_rows = cache, torch.repeat_interleave(torch.arange(n_prompts, device=device), lens_t)
+    rows = torch.repeat_interleave(torch.arange(n_prompts, device=device), lens_t)
+    ctx.cache, ctx.cache_slots = cache, cache.slots(rows, ctx.meta.positions)
+    ctx.weight_cache = weights = {}
 
     # prefill: the head only runs on each prompt's last token
     h = model.hidden_states(input_ids, ctx)
@@ -100,7 +102,7 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
                     break
                 live, tokens, lens = live[keep], tokens[keep], lens[keep]
                 cache.select(keep)
-        logits = model.head(model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1)))
+        logits = model.head(model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights)))
         lens = lens + 1
         max_len += 1
     return _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos)

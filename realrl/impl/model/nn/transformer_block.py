@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from realrl.api.core.model_api import ReaLModelConfig
@@ -30,17 +31,35 @@ class Attention(nn.Module):
             self.k_ln = RMSNorm(self.head_dim, cfg.layer_norm_epsilon, **kw)
         self.qk_layernorm = cfg.qk_layernorm
 
+    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One [q; k; v] projection: a single matmul instead of three (differentiable)."""
+        w = torch.cat([self.q.weight, self.k.weight, self.v.weight])
+        b = None if self.q.bias is None else torch.cat([self.q.bias, self.k.bias, self.v.bias])
+        return w, b
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, ctx) -> torch.Tensor:
-        T = x.shape[0]
-        q = self.q(x).view(T, self.n_q, self.head_dim)
-        k = self.k(x).view(T, self.n_kv, self.head_dim)
-        v = self.v(x).view(T, self.n_kv, self.head_dim)
+        T, hq, hkv, d = x.shape[0], self.n_q, self.n_kv, self.head_dim
+        w, b = fused_weights(ctx, self, self.fused_qkv)
+        qkv = F.linear(x, w, b).view(T, hq + 2 * hkv, d)
+        qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
         if self.qk_layernorm:
-            q, k = self.q_ln(q), self.k_ln(k)
-        if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = ctx.attend(self.layer_idx, q, k, v, self.scale, self.window)
-        return self.o(out.reshape(T, self.n_q * self.head_dim))
+            qk = torch.cat([self.q_ln(qk[:, :hq]), self.k_ln(qk[:, hq:])], dim=1)
+        if rope is not None:  # q and k rotate together: one set of ops for both
+            qk = apply_rotary(qk, *rope)
+        out = ctx.attend(self.layer_idx, qk[:, :hq], qk[:, hq:], v, self.scale, self.window)
+        return self.o(out.reshape(T, hq * d))
+
+
+def fused_weights(ctx, module: nn.Module, build):
+    """``build()``, or its copy cached on the context: generation fuses each weight once per call,
+    not once per decoding step (training rebuilds it so gradients reach the parameters)."""
+    cache = getattr(ctx, "weight_cache", None)
+    if cache is None:
+        return build()
+    key = id(module)
+    if key not in cache:
+        cache[key] = build()
+    return cache[key]
 
 
 class TransformerBlock(nn.Module):
@@ -62,4 +81,10 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope, ctx) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_ln(x), rope, ctx))
-        return x + self.resid_drop(self.mlp(self.mlp_ln(x)))
+        h = self.mlp_ln(x)
+        if self.mlp.gated:
+            w, b = fused_weights(ctx, self.mlp, self.mlp.fused_gate_up)
+            h = self.mlp.from_gate_up(F.linear(h, w, b))
+        else:
+            h = self.mlp(h)
+        return x + self.resid_drop(h)
