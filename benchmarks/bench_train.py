@@ -7,17 +7,18 @@ micro-batches per step; the HF loop pads each micro-batch to its longest sequenc
 both compute the same loss (the first-step losses are printed side by side).
 
 Throughput is timed in one process with the two sides' steps interleaved, so load from other
-processes hits both alike. Peak RSS (ru_maxrss) is measured in one subprocess per side.
+processes hits both alike, and reported from the median step (wall-clock, and CPU time, which
+other load disturbs less). Peak RSS is measured in one subprocess per side, over a training step
+after a warm-up step.
 
-    python benchmarks/bench_train.py [--steps 2] [--n-seqs 24] [--min-len 16] [--max-len 384]
+    python benchmarks/bench_train.py [--steps 4] [--n-seqs 32] [--threads 1] [--min-len 16] [--max-len 384]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,28 +120,38 @@ def hf_trainer(ckpt: str, args) -> Callable[[list[torch.Tensor], int], float]:
 TRAINERS = {"realrl": real_trainer, "hf": hf_trainer}
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def measure_rss(side: str, ckpt: str, args) -> dict:
-    """In a fresh process: RSS with the model loaded, and the peak over one training step."""
+    """In a fresh process: after one warm-up step, the RSS and the peak RSS over one more step.
+
+    Writing 5 to /proc/self/clear_refs resets the peak (VmHWM) to the current RSS, so the peak
+    counts the training step, not imports or first-call set-up.
+    """
     step = TRAINERS[side](ckpt, args)
-    before = rss_mb()
     step(make_step_data(args, 0), 0)
-    return {"rss_before": before, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_mb("VmRSS")
+    step(make_step_data(args, 1), 1)
+    return {"rss_before": before, "peak_rss": _status_mb("VmHWM")}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=2, help="timed steps per side (after one warm-up step)")
-    p.add_argument("--n-seqs", type=int, default=24)
+    p.add_argument("--steps", type=int, default=4, help="timed steps per side (after one warm-up step)")
+    p.add_argument("--n-seqs", type=int, default=32)
     p.add_argument("--n-mbs", type=int, default=4)
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=384)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     p.add_argument("--rss-side", choices=sorted(TRAINERS), help=argparse.SUPPRESS)
     p.add_argument("--ckpt", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -157,15 +168,17 @@ def main() -> None:
         torch.manual_seed(args.seed)
         ReaLModel(model_config()).save_pretrained(ckpt)  # one set of weights for both sides
         steps = {side: make(ckpt, args) for side, make in TRAINERS.items()}
-        seconds = {side: 0.0 for side in steps}
+        wall = {side: [] for side in steps}
+        cpu = {side: [] for side in steps}
         first_loss = {}
         for i in range(args.steps + 1):  # step 0 warms up
             seqs = make_step_data(args, i)
             for side, step in steps.items():
-                t0 = time.perf_counter()
+                w0, c0 = time.perf_counter(), time.process_time()
                 loss = step(seqs, i)
                 if i:
-                    seconds[side] += time.perf_counter() - t0
+                    wall[side].append(time.perf_counter() - w0)
+                    cpu[side].append(time.process_time() - c0)
                 first_loss.setdefault(side, loss)
         rss = {}
         for side in TRAINERS:
@@ -173,8 +186,8 @@ def main() -> None:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rss[side] = json.loads(out.split("RESULT ", 1)[1])
 
-    tokens = sum(lengths) * args.steps
-    tps = {side: tokens / s for side, s in seconds.items()}
+    tps = {side: sum(lengths) / statistics.median(t) for side, t in wall.items()}
+    cpu_tps = {side: sum(lengths) / statistics.median(t) for side, t in cpu.items()}
     padded = sum(len(c) * max(c) for c in hf_chunks(lengths, args.n_mbs))
     print(
         f"config: llama {LAYERS} layers, hidden {HIDDEN}, vocab {VOCAB}; {args.n_seqs} seqs/step of "
@@ -190,14 +203,17 @@ def main() -> None:
     for side, name in (("realrl", "realrl TrainEngine (packed)"), ("hf", "HF padded loop")):
         r = rss[side]
         print(
-            f"{name:28s} {tps[side]:8.0f} tokens/s   peak RSS {r['peak_rss']:6.0f} MiB "
-            f"(+{r['peak_rss'] - r['rss_before']:.0f} MiB over the loaded model)"
+            f"{name:28s} {tps[side]:8.0f} tokens/s ({cpu_tps[side]:.0f} per CPU-second)   peak RSS {r['peak_rss']:6.0f} MiB "
+            f"(+{r['peak_rss'] - r['rss_before']:.0f} MiB during a step)"
         )
     grow = {s: rss[s]["peak_rss"] - rss[s]["rss_before"] for s in rss}
-    print(f"throughput ratio realrl / hf: {tps['realrl'] / tps['hf']:.2f}x")
+    print(
+        f"throughput ratio realrl / hf: {tps['realrl'] / tps['hf']:.2f}x wall-clock, "
+        f"{cpu_tps['realrl'] / cpu_tps['hf']:.2f}x CPU time"
+    )
     print(
         f"peak RSS ratio realrl / hf: {rss['realrl']['peak_rss'] / rss['hf']['peak_rss']:.2f} "
-        f"(training increment ratio {grow['realrl'] / max(grow['hf'], 1.0):.2f})"
+        f"(growth during a step: {grow['realrl'] / max(grow['hf'], 1.0):.2f})"
     )
     print(f"wall time {time.perf_counter() - t_start:.0f} s")
 
