@@ -166,3 +166,27 @@ def test_bad_scope_and_missing_key_raise():
         engine.train_batch(batch, None, token_loss, n_loss_tokens, token_normalize_scope="tokens")
     with pytest.raises(ValueError, match="packed_input_ids"):
         engine.train_batch(batch.select(["prompt_mask"]), None, token_loss, n_loss_tokens)
+
+
+def test_non_finite_gradient_skips_the_update():
+    engine = make_engine()
+    before = [p.detach().clone() for p in engine.module.parameters()]
+
+    def nan_loss(out, mb):
+        return out.sum() * float("nan"), {}
+
+    stats = engine.train_batch(make_batch(LENGTHS), None, nan_loss, n_loss_tokens)
+    assert stats["update_skipped"] == 1.0
+    assert all(torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
+
+
+def test_lr_follows_version_steps_or_counts_updates():
+    batch = make_batch(LENGTHS)
+    engine = make_engine(lr=1.0, lr_scheduler_type="linear")  # 10 total steps
+    lrs = [
+        engine.train_batch(batch, None, token_loss, n_loss_tokens, version_steps=4)["lr"] for _ in range(2)
+    ]
+    assert lrs == [pytest.approx(0.6), pytest.approx(0.6)]  # two updates of one version share its LR
+    fresh = make_engine(lr=1.0, lr_scheduler_type="linear")
+    lrs = [fresh.train_batch(batch, None, token_loss, n_loss_tokens)["lr"] for _ in range(3)]
+    assert lrs == [pytest.approx(1.0), pytest.approx(0.9), pytest.approx(0.8)]

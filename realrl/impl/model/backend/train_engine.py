@@ -21,6 +21,7 @@ is cut into micro-batches or ranks. Then it clips, sets the LR and steps the opt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -127,9 +128,12 @@ class TrainEngine(InferenceEngine):
             "loss_weight": local_total,
         }
 
-    def optimizer_step(self, version_steps: int) -> dict[str, float]:
-        """Clip the global gradient norm, set the LR for ``version_steps``, step once, zero grads."""
+    def optimizer_step(self, version_steps: int | None = None) -> dict[str, float]:
+        """Clip the global gradient norm, set the LR for ``version_steps`` (default: the number of
+        updates so far), step once, zero the gradients."""
         cfg = self.optimizer_config
+        if version_steps is None:
+            version_steps = self.lr_scheduler.n_updates
         if self.grad_scaler is not None:
             self.grad_scaler.unscale_(self.optimizer)
         params = [p for p in self.module.parameters() if p.grad is not None]
@@ -140,7 +144,7 @@ class TrainEngine(InferenceEngine):
         if self.grad_scaler is not None:
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
-        elif torch.isfinite(torch.tensor(grad_norm)):
+        elif math.isfinite(grad_norm):
             self.optimizer.step()
         else:
             logger.warning(
@@ -157,9 +161,13 @@ class TrainEngine(InferenceEngine):
         loss_fn: LossFn,
         loss_weight_fn: LossWeightFn,
         token_normalize_scope: Literal["global", "dp"] = "global",
-        version_steps: int = 0,
+        version_steps: int | None = None,
     ) -> dict[str, float]:
-        """One optimizer update on ``input_`` (see the module docstring for the loss contract)."""
+        """One optimizer update on ``input_`` (see the module docstring for the loss contract).
+
+        ``version_steps`` is the model version being trained (``model.version.global_step``): the
+        LR schedule reads it, so several updates of one version share one LR. None counts updates.
+        """
         self.optimizer.zero_grad(set_to_none=True)
         stats = self.accumulate_gradients(input_, mb_spec, loss_fn, loss_weight_fn, token_normalize_scope)
         stats.update(self.optimizer_step(version_steps))
