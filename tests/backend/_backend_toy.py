@@ -107,7 +107,7 @@ def make_batch(lengths: list[int], seed: int = 0, n_seqs_per_sample: int = 1) ->
 def token_loss(logits: torch.Tensor, mb: SequenceSample) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean next-token NLL over response tokens of the micro-batch (the loss_fn contract)."""
     ids = mb.data["packed_input_ids"]
-    cu = mb.cu_seqlens("packed_input_ids")
+    cu = mb.cu_seqlens("packed_input_ids").to(logits.device)
     logp = gather_packed_shifted_log_probs(logits, cu, ids)
     mask = loss_mask(mb)
     loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
