@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _backend_toy import PackedToyLM, make_batch, n_loss_tokens, token_loss
+from _backend_toy import PackedToyLM, loss_mask, make_batch, n_loss_tokens, token_loss
 
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
 from realrl.impl.model.backend.lr_schedule import LRScheduler
+from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
 
 LENGTHS = [5, 9, 3, 12, 7, 4, 10, 6, 8, 11]
 
@@ -99,7 +100,7 @@ def test_zero_loss_weight_gives_zero_gradient():
     batch = make_batch(LENGTHS)
     engine = make_engine()
     engine.accumulate_gradients(batch, None, token_loss, lambda mb: 0.0)
-    assert all(float(g.abs().max()) == 0.0 for g in grads(engine))
+    assert all(p.grad is None or float(p.grad.abs().max()) == 0.0 for p in engine.module.parameters())
 
 
 def test_dropout_disabled_by_config():
@@ -190,3 +191,21 @@ def test_lr_follows_version_steps_or_counts_updates():
     fresh = make_engine(lr=1.0, lr_scheduler_type="linear")
     lrs = [fresh.train_batch(batch, None, token_loss, n_loss_tokens)["lr"] for _ in range(3)]
     assert lrs == [pytest.approx(1.0), pytest.approx(0.9), pytest.approx(0.8)]
+
+
+def test_micro_batch_without_loss_tokens_is_skipped():
+    """A micro-batch whose mean loss is 0/0 must not poison the gradient with NaN."""
+    batch = make_batch(LENGTHS)
+    n_first = batch.split(MicroBatchSpec(n_mbs=2))[0].bs  # make the first micro-batch all prompt
+    batch.data["prompt_mask"][: batch.sample_offsets("packed_input_ids")[n_first]] = True
+
+    def unguarded_mean(logits, mb):
+        ids, cu = mb.data["packed_input_ids"], mb.cu_seqlens("packed_input_ids")
+        mask = loss_mask(mb)
+        return -(gather_packed_shifted_log_probs(logits, cu, ids) * mask).sum() / mask.sum(), {}
+
+    engine = make_engine()
+    assert [n_loss_tokens(mb) == 0 for mb in batch.split(MicroBatchSpec(n_mbs=2))] == [True, False]
+    engine.accumulate_gradients(batch, MicroBatchSpec(n_mbs=2), unguarded_mean, n_loss_tokens)
+    for got, want in zip(grads(engine), reference_grads(0, batch)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

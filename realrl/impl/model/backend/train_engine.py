@@ -107,6 +107,8 @@ class TrainEngine(InferenceEngine):
         loss_sum, stat_sums, n_tokens = 0.0, {}, 0
         with self._mode(training=True):
             for mb, w in zip(mbs, weights):
+                if w == 0:  # nothing to learn here; its mean loss may be 0/0 = NaN, which * 0 stays NaN
+                    continue
                 output = self.packed_forward(mb)
                 loss, stats = loss_fn(output, mb)
                 scale = w / total / divide if total > 0 else 0.0
@@ -114,7 +116,7 @@ class TrainEngine(InferenceEngine):
                 if self.grad_scaler is not None:
                     scaled = self.grad_scaler.scale(scaled)
                 scaled.backward()
-                share = w / local_total if local_total > 0 else 1.0 / len(mbs)
+                share = w / local_total
                 loss_sum += float(loss.detach()) * share
                 for k, v in stats.items():
                     stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * share
