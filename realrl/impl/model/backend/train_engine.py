@@ -74,8 +74,8 @@ class TrainEngine(InferenceEngine):
             module.gradient_checkpointing_enable()
         self.optimizer = build_optimizer(module, self.optimizer_config)
         self.lr_scheduler = LRScheduler(self.optimizer, self.optimizer_config, total_train_steps)
-        use_scaler = self.dtype == torch.float16 and self.device.type == "cuda"
-        self.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+        use_scaler = self.dtype == torch.float16
+        self.grad_scaler = torch.amp.GradScaler(self.device.type) if use_scaler else None
 
     # -- gradients --------------------------------------------------------------------------
 
@@ -143,9 +143,11 @@ class TrainEngine(InferenceEngine):
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         lr = self.lr_scheduler.step(version_steps)
         skipped = 0.0
-        if self.grad_scaler is not None:
+        if self.grad_scaler is not None:  # the scaler skips the step itself on inf/NaN and backs off
+            scale = self.grad_scaler.get_scale()
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
+            skipped = float(self.grad_scaler.get_scale() < scale)
         elif math.isfinite(grad_norm):
             self.optimizer.step()
         else:
