@@ -1,0 +1,201 @@
+"""Shared pieces of ``bench_vs_trl.py``: the settings both sides use, the common starting point
+(toy data, one random-weight checkpoint and its tokenizer), and how a side is measured (a child
+process whose whole process tree is sampled for RSS)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+TRIAL = "bench"
+
+
+@dataclasses.dataclass
+class BenchSpec:
+    """What both sides share: data, model, batch sizes, lengths, optimiser, number of steps."""
+
+    fileroot: str
+    seed: int = 1
+    # (a) reward modeling: 64 pairs a step, max 64 tokens a sequence, constant LR (TOY_TASK.md RM LR)
+    rw_steps: int = 20
+    rw_pairs: int = 64
+    rw_lr: float = 5e-4
+    max_seqlen: int = 64
+    # (b) GRPO: 64 prompts x 4 answers a step, 13 new tokens, 4 epochs x 4 minibatches, k3 KL 0.04
+    grpo_steps: int = 6
+    grpo_prompts: int = 64
+    grpo_n: int = 4
+    max_new_tokens: int = 13
+    max_prompt_len: int = 16
+    grpo_lr: float = 1e-4
+    ppo_epochs: int = 4
+    ppo_minibatches: int = 4
+    kl_coef: float = 0.04
+    # shared AdamW settings (realrl's OptimizerConfig defaults)
+    beta2: float = 0.95
+    adam_eps: float = 1e-5
+    grad_clip: float = 1.0
+    # held-out evaluation
+    eval_prompts: int = 800
+    eval_pairs: int | None = None  # None: every held-out pair
+
+    @property
+    def bench_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.fileroot), "bench_vs_trl")
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(dataclasses.asdict(self), f)
+
+    @classmethod
+    def load(cls, path: str) -> BenchSpec:
+        with open(path) as f:
+            return cls(**json.load(f))
+
+
+def prepare(spec: BenchSpec) -> dict[str, str]:
+    """The toy data (built once per seed), and the SAME random initial weights for both sides:
+    ``init_lm`` (policy) and ``init_rm`` (the same body with a scalar head), both HF llama folders
+    holding the toy tokenizer. TRL reads the RM head from ``critic_head.safetensors``."""
+    import torch
+
+    from realrl.api.core.data_api import load_hf_tokenizer
+    from realrl.api.core.model_api import ReaLModelConfig
+    from realrl.experiments.toy import ToyLayout
+    from realrl.impl.model.nn import ReaLModel
+
+    paths = ToyLayout(spec.fileroot, spec.seed).build()
+    os.makedirs(spec.bench_dir, exist_ok=True)
+    tokenizer = load_hf_tokenizer(paths["tokenizer"])
+    for name, is_critic in (("init_lm", False), ("init_rm", True)):
+        out = os.path.join(spec.bench_dir, name)
+        paths[name] = out
+        if os.path.isfile(os.path.join(out, "config.json")):
+            continue
+        torch.manual_seed(spec.seed)  # same seed: init_rm's body equals init_lm's
+        cfg = ReaLModelConfig(**ToyLayout.model_config(), is_critic=is_critic)
+        ReaLModel(cfg, dtype=torch.float32).save_pretrained(out, tokenizer)
+    return paths
+
+
+def rw_tokens_per_pair(train_path: str, tokenizer_path: str, max_seqlen: int, limit: int = 4000) -> float:
+    """Mean real (unpadded) tokens of chosen + rejected, tokenized as both sides do
+    (prompt + answer + EOS, TRL's recipe that realrl's rw_paired follows)."""
+    from realrl.api.core.data_api import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(tokenizer_path)
+    totals = []
+    with open(train_path) as f:
+        for i, line in enumerate(f):
+            if i >= limit:
+                break
+            row = json.loads(line)
+            lens = [
+                len(tok(row["prompt"] + row[k] + tok.eos_token)["input_ids"]) for k in ("chosen", "rejected")
+            ]
+            if max(lens) <= max_seqlen:
+                totals.append(sum(lens))
+    return statistics.fmean(totals)
+
+
+# ---------------------------------------------------------------------------------- measuring
+
+
+def tree_usage(proc) -> tuple[int, float]:
+    """(RSS bytes, CPU seconds) of a process and all its descendants (ones that vanished: 0)."""
+    import psutil
+
+    rss, cpu = 0, 0.0
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0, 0.0
+    for p in procs:
+        try:
+            with p.oneshot():
+                rss += p.memory_info().rss
+                t = p.cpu_times()
+                cpu += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return rss, cpu
+
+
+def run_measured(argv: list[str], log_path: str, interval: float = 0.05) -> dict:
+    """Run ``argv`` as a child; sample the RSS and CPU time of its whole process tree (realrl's
+    workers are its subprocesses) every ``interval`` s. Returns the peak summed RSS, the CPU-time
+    series (to charge CPU seconds to each step), wall time and the load averages."""
+    import psutil
+
+    load_before = os.getloadavg()
+    start = time.time()
+    series: list[tuple[float, float]] = []
+    peak = 0
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = psutil.Process(child.pid)
+        while child.poll() is None:
+            rss, cpu = tree_usage(proc)
+            peak = max(peak, rss)
+            series.append((time.time(), cpu))
+            time.sleep(interval)
+    if child.returncode != 0:
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"{' '.join(argv)} exited with {child.returncode}; log {log_path}:\n{tail}")
+    return {
+        "peak_rss_mb": peak / 2**20,
+        "process_wall_s": time.time() - start,
+        "load_before": load_before[0],
+        "load_after": os.getloadavg()[0],
+        "cpu_series": series,
+    }
+
+
+def cpu_at(series: list[tuple[float, float]], t: float) -> float:
+    """Tree CPU seconds at time ``t``, interpolated between samples. CPU time only grows, but
+    a sample can miss a process that just started, so take the running maximum."""
+    best, prev = 0.0, (series[0][0], 0.0)
+    for ts, cpu in series:
+        best = max(best, cpu)
+        if ts >= t:
+            t0, c0 = prev
+            return c0 + (best - c0) * ((t - t0) / (ts - t0) if ts > t0 else 1.0)
+        prev = (ts, best)
+    return best
+
+
+def cpu_per_step(series: list[tuple[float, float]], ends: list[float]) -> float:
+    """Median CPU seconds of the whole process tree per step (steps after the first)."""
+    cpus = [cpu_at(series, t) for t in ends]
+    per = [b - a for a, b in zip(cpus, cpus[1:])]
+    return statistics.median(per) if per else float("nan")
+
+
+def step_seconds(end_times: list[float], start: float | None = None) -> list[float]:
+    """Durations of steps from their end timestamps (the first from ``start`` when given)."""
+    times = ([start] if start is not None else []) + list(end_times)
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def summarize_steps(ends: list[float], start: float) -> dict:
+    """Median step time over steps after the first (warm-up), the first step on its own (from
+    the start of training), and the steps' end timestamps (to charge CPU time to steps)."""
+    durations = step_seconds(ends, start)
+    steady = durations[1:] if len(durations) > 1 else durations
+    return {
+        "step_s": statistics.median(steady),
+        "step_s_mean": statistics.fmean(steady),
+        "first_step_s": durations[0],
+        "n_steps": len(durations),
+        "step_ends": list(ends),
+    }
+
+
+def python() -> str:
+    return sys.executable

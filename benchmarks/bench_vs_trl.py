@@ -1,0 +1,263 @@
+"""realrl vs TRL (issue 9, point 4) on the embedded toy task: (a) reward modeling, realrl ``rw``
+vs TRL ``RewardTrainer``; (b) GRPO, realrl ``grpo`` vs TRL ``GRPOTrainer``.
+
+Same toy files, same tokenizer, the SAME random initial weights (one ``ReaLModel`` written as an
+HF llama folder that both sides load), same batch sizes, lengths, optimiser (AdamW 0.9/0.95,
+eps 1e-5, clip 1, constant LR, fp32, no dropout, no gradient checkpointing) and number of steps.
+GRPO: 64 prompts x 4 answers a step, 13 new tokens, temperature 1, k3 KL 0.04 in the loss, clip
+0.2, 4 epochs x 4 minibatches (TRL: num_iterations=4, steps_per_generation=4, so one realrl step
+is one TRL generation round of 16 optimizer steps). The reward is the toy task's hidden rule
+(``toy_sentiment``), decoded completions in, on both sides.
+
+Each side runs in its own child process, one after the other (never in parallel); the parent
+samples RSS and CPU time of the child's whole process tree (realrl's master and workers).
+Step time is the median over steps after the first; tokens/s counts real (unpadded) tokens:
+RM, chosen + rejected of each pair; GRPO, generated tokens + tokens trained on (epochs x
+prompt + answer). Held-out scores come from ONE evaluator (realrl's toy evaluation) reading
+both sides' saved HF folders.
+
+    python benchmarks/bench_vs_trl.py [--quick] [--steps N] [--tasks rw,grpo] [--fileroot DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _trl_common import (  # noqa: E402
+    BenchSpec,
+    cpu_per_step,
+    prepare,
+    python,
+    run_measured,
+    rw_tokens_per_pair,
+)
+
+SIDES = ("realrl", "trl")
+
+
+def child_main(side: str, task: str, spec_path: str, out_path: str) -> None:
+    """Inside the measured child: train one side on one task, write its figures as JSON."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    spec = BenchSpec.load(spec_path)
+    paths = prepare(spec)
+    if side == "realrl":
+        import _trl_real as runner
+    else:
+        import _trl_hf as runner
+    result = runner.run(task, spec, paths)
+    import torch
+
+    result["torch_threads"] = torch.get_num_threads()
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+def mean_prompt_tokens(spec: BenchSpec, paths: dict[str, str], limit: int = 4000) -> float:
+    from realrl.api.core.data_api import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(paths["tokenizer"])
+    lens = []
+    with open(paths["ppo_train"]) as f:
+        for i, line in enumerate(f):
+            if i >= limit:
+                break
+            lens.append(min(len(tok(json.loads(line)["prompt"])["input_ids"]), spec.max_prompt_len))
+    return statistics.fmean(lens)
+
+
+def completion_length(side: str, result: dict) -> float:
+    if side == "realrl":
+        vals = [r["actor_train/response_length"] for r in result["records"]]
+    else:
+        vals = [log["completions/mean_length"] for log in result["logs"] if "completions/mean_length" in log]
+    return statistics.fmean(vals)
+
+
+def measure(task: str, side: str, spec: BenchSpec, spec_path: str) -> dict:
+    out_path = os.path.join(spec.bench_dir, f"{side}_{task}.json")
+    log_path = os.path.join(spec.bench_dir, f"{side}_{task}.log")
+    argv = [python(), os.path.abspath(__file__), "--child", side, task, spec_path, out_path]
+    print(f"  running {side} {task} (log: {log_path}) ...", flush=True)
+    proc = run_measured(argv, log_path)
+    with open(out_path) as f:
+        result = json.load(f)
+    result["cpu_step_s"] = cpu_per_step(proc.pop("cpu_series"), result["step_ends"])
+    result.update(proc)
+    return result
+
+
+def evaluate(task: str, side: str, result: dict, spec: BenchSpec, paths: dict[str, str]) -> dict:
+    import _trl_eval
+
+    ckpt = result["checkpoint"]
+    if not os.path.isfile(os.path.join(ckpt, "config.json")):
+        return {"eval_error": f"no checkpoint at {ckpt}"}
+    if task == "rw":
+        return {"accuracy": _trl_eval.rm_accuracy(side, ckpt, spec, paths)}
+    mean, std = _trl_eval.policy_true_reward(ckpt, spec, paths)
+    return {"true_reward": mean, "true_reward_std": std}
+
+
+def throughput(task: str, side: str, r: dict, spec: BenchSpec, shared: dict) -> float:
+    """Real tokens per second of one steady step."""
+    if task == "rw":
+        tokens = spec.rw_pairs * shared["rw_tokens_per_pair"]
+    else:
+        n_seqs = spec.grpo_prompts * spec.grpo_n
+        answer = completion_length(side, r)
+        tokens = n_seqs * (answer + spec.ppo_epochs * (shared["prompt_tokens"] + answer))
+        r["completion_len"] = answer
+    r["tokens_per_step"] = tokens
+    return tokens / r["step_s"]
+
+
+def _fmt(x, digits=3) -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"
+    return str(x)
+
+
+def _ratio(a, b) -> str:
+    if a is None or b is None or not b or a != a or b != b:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def table(task: str, res: dict[str, dict], extra_rows: list[tuple[str, str]]) -> str:
+    real, trl = res["realrl"], res["trl"]
+    rows = [
+        ("step time, s (median)", "step_s", "time"),
+        ("CPU time per step, s (whole tree)", "cpu_step_s", "time"),
+        ("tokens/s", "tokens_per_s", "rate"),
+        ("first step incl. warm-up, s", "first_step_s", "time"),
+        ("process wall (start-up..exit), s", "process_wall_s", "time"),
+        ("peak RSS, process tree, MB", "peak_rss_mb", "mem"),
+    ]
+    if task == "rw":
+        rows.append(("held-out pair accuracy", "accuracy", "score"))
+    else:
+        rows += [
+            ("held-out true reward", "true_reward", "score"),
+            ("mean answer length", "completion_len", "-"),
+        ]
+    lines = [f"| {task} | realrl | TRL | ratio |", "|---|---|---|---|"]
+    for label, key, kind in rows:
+        a, b = real.get(key), trl.get(key)
+        if kind == "time":  # throughput ratio: TRL time / realrl time
+            ratio = _ratio(b, a)
+        elif kind in ("rate", "mem", "score"):
+            ratio = (
+                _ratio(a, b)
+                if kind != "score"
+                else (f"{a - b:+.3f}" if a is not None and b is not None else "n/a")
+            )
+        else:
+            ratio = ""
+        if kind == "score" and key == "true_reward":
+            a = None if a is None else f"{a:.3f} ± {real['true_reward_std']:.2f}"
+            b = None if b is None else f"{b:.3f} ± {trl['true_reward_std']:.2f}"
+        lines.append(f"| {label} | {_fmt(a)} | {_fmt(b)} | {ratio} |")
+    lines += [f"| {k} | {v} | | |" for k, v in extra_rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=None, help="steps of both tasks (default rw 30, grpo 8)")
+    parser.add_argument("--quick", action="store_true", help="rw 8 steps, grpo 3 steps, 200 eval prompts")
+    parser.add_argument("--tasks", default="rw,grpo")
+    parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--eval-prompts", type=int, default=None)
+    parser.add_argument("--child", nargs=4, metavar=("SIDE", "TASK", "SPEC", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child_main(*args.child)
+        return
+
+    spec = BenchSpec(fileroot=args.fileroot, seed=args.seed, rw_steps=30, grpo_steps=8)
+    if args.quick:
+        spec.rw_steps, spec.grpo_steps, spec.eval_prompts = 8, 3, 200
+    if args.steps is not None:
+        spec.rw_steps = spec.grpo_steps = args.steps
+    if args.eval_prompts is not None:
+        spec.eval_prompts = args.eval_prompts
+    tasks = [t for t in args.tasks.split(",") if t]
+    paths = prepare(spec)
+    spec_path = os.path.join(spec.bench_dir, "spec.json")
+    spec.save(spec_path)
+    shared = {
+        "rw_tokens_per_pair": rw_tokens_per_pair(paths["rm_train"], paths["tokenizer"], spec.max_seqlen),
+        "prompt_tokens": mean_prompt_tokens(spec, paths),
+    }
+    print(f"load average at start: {os.getloadavg()}, cores: {os.cpu_count()}", flush=True)
+    all_results: dict = {"spec": spec.__dict__, "shared": shared}
+    reports = []
+    for task in tasks:
+        res = {}
+        for side in SIDES:
+            r = measure(task, side, spec, spec_path)
+            r["tokens_per_s"] = throughput(task, side, r, spec, shared)
+            res[side] = r
+        print(f"  evaluating {task} ...", flush=True)
+        for side in SIDES:
+            res[side].update(evaluate(task, side, res[side], spec, paths))
+        extra = [
+            ("steps", str(spec.rw_steps if task == "rw" else spec.grpo_steps)),
+            (
+                "load avg (1 min) before/after, realrl",
+                f"{res['realrl']['load_before']:.1f} / {res['realrl']['load_after']:.1f}",
+            ),
+            (
+                "load avg (1 min) before/after, TRL",
+                f"{res['trl']['load_before']:.1f} / {res['trl']['load_after']:.1f}",
+            ),
+            (
+                "torch threads realrl / TRL",
+                f"{res['realrl']['torch_threads']} / {res['trl']['torch_threads']}",
+            ),
+        ]
+        if task == "grpo":
+            import _trl_eval
+
+            base, base_std = _trl_eval.policy_true_reward(paths["init_lm"], spec, paths)
+            extra.append(("true reward of the initial policy", f"{base:.3f} ± {base_std:.2f}"))
+        mfc = res["realrl"].get("mfc_seconds", {})
+        extra.append(
+            (
+                "realrl seconds per MFC (mean, steps 2..)",
+                ", ".join(f"{k} {v:.3f}" for k, v in mfc.items()) + f"; step {res['realrl']['step_s']:.3f}",
+            )
+        )
+        reports.append(table(task, res, extra))
+        for side in SIDES:
+            res[side].pop("records", None)
+            res[side].pop("logs", None)
+        all_results[task] = res
+    with open(os.path.join(spec.bench_dir, "results.json"), "w") as f:
+        json.dump(all_results, f, indent=1, default=str)
+    print()
+    print("\n\n".join(reports))
+    print(
+        "\nratio: times and CPU times as TRL / realrl (a speed-up, > 1 = realrl faster); tokens/s and"
+        " memory as realrl / TRL; scores as realrl - TRL."
+    )
+    print(f"\n(full figures: {os.path.join(spec.bench_dir, 'results.json')})")
+
+
+if __name__ == "__main__":
+    main()
