@@ -98,6 +98,28 @@ def test_checkpoint_is_hf_format_and_resume_is_exact(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_gradient_checkpointing_wraps_layers_same_gradient_same_names(tmp_path):
+    batch = make_batch(LENGTHS)
+    plain = train_engine()
+    ckpt = train_engine(engine_cfg=EngineConfig(gradient_checkpointing=True))
+    assert list(ckpt.module.state_dict()) == list(plain.module.state_dict())
+    inner = ckpt.module.layers[0]._checkpoint_wrapped_module  # the original block, now wrapped
+    calls = []
+    inner.register_forward_hook(lambda *a: calls.append(1))
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):  # recompute whole blocks
+        for e in (plain, ckpt):
+            e.accumulate_gradients(batch, MicroBatchSpec(n_mbs=2), token_loss, n_loss_tokens)
+    assert len(calls) == 4  # 2 micro-batches, each block forward recomputed once in backward
+    for a, b in zip(grads(plain), grads(ckpt)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    ckpt.optimizer_step(0)
+    ckpt.save(str(tmp_path / "c"))  # HF names: loadable by a plain engine
+    other = train_engine(seed=2)
+    other.load(str(tmp_path / "c"))
+    for a, b in zip(ckpt.module.state_dict().values(), other.module.state_dict().values()):
+        assert torch.equal(a, b)
+
+
 def test_critic_checkpoint_round_trip(tmp_path):
     engine = train_engine(is_critic=True)
     batch = make_batch(LENGTHS)

@@ -63,8 +63,8 @@ class EngineConfig:
     (fp16 adds a dynamic loss scaler); the inference engine casts its module to the dtype.
     ``disable_dropout``: RL policies train without dropout (seed 002, policy detail 4), so that
     log-probs computed at inference and at training time agree.
-    ``gradient_checkpointing``: recompute activations in backward; needs a module that offers
-    ``gradient_checkpointing_enable()``.
+    ``gradient_checkpointing``: recompute activations in backward (see ``activation_checkpointing``:
+    the module's ``gradient_checkpointing_enable()``, else its ``layers`` blocks are wrapped).
     """
 
     dtype: str = "auto"  # auto | fp32 | bf16 | fp16

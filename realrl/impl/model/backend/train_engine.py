@@ -31,6 +31,7 @@ import torch.distributed as dist
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.base import logging
 from realrl.impl.model.backend import dp
+from realrl.impl.model.backend.activation_checkpointing import enable_gradient_checkpointing
 from realrl.impl.model.backend.checkpoint import load_checkpoint, save_checkpoint
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.engine import INPUT_KEY, InferenceEngine
@@ -66,12 +67,7 @@ class TrainEngine(InferenceEngine):
         self.dp_group = dp_group
         dp.world_size(dp_group)  # fail early if the group is unusable
         if self.config.gradient_checkpointing:
-            if not hasattr(module, "gradient_checkpointing_enable"):
-                raise ValueError(
-                    f"EngineConfig.gradient_checkpointing=True but {type(module).__name__} offers no "
-                    "gradient_checkpointing_enable()"
-                )
-            module.gradient_checkpointing_enable()
+            enable_gradient_checkpointing(module)
         self.optimizer = build_optimizer(module, self.optimizer_config)
         self.lr_scheduler = LRScheduler(self.optimizer, self.optimizer_config, total_train_steps)
         use_scaler = self.dtype == torch.float16
