@@ -124,3 +124,15 @@ def test_bad_cu_seqlens_is_a_clear_error():
     model = ReaLModel(cfg)
     with pytest.raises(ValueError, match="cu_seqlens"):
         model(torch.zeros(5, dtype=torch.long), torch.tensor([0, 3], dtype=torch.int32))
+
+
+def test_sample_categorical_follows_the_distribution():
+    from realrl.impl.model.nn.generation import sample_categorical
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.5, 0.0, 0.2, 0.3], [0.0, 0.0, 1.0, 0.0]])
+    draws = torch.stack([sample_categorical(probs) for _ in range(4000)])  # [4000, 2]
+    freq = torch.bincount(draws[:, 0], minlength=4).float() / 4000
+    assert (freq - probs[0]).abs().max() < 0.03
+    assert freq[1] == 0  # zero-probability tokens are never drawn
+    assert torch.all(draws[:, 1] == 2)

@@ -62,7 +62,9 @@ class ReaLModel(nn.Module):
     ):
         super().__init__()
         self.config = config
-        self.attn_impl = resolve_attn_impl(attn_impl, device)
+        self.requested_attn_impl = attn_impl
+        self.attn_impl = resolve_attn_impl(attn_impl, device)  # re-resolved if the model moves
+        self._attn_device_type = torch.device(device or "cpu").type
         kw = dict(dtype=dtype, device=device)
         self.embed = Embedding(config, **kw)
         self.layers = nn.ModuleList(TransformerBlock(config, i, **kw) for i in range(config.n_layers))
@@ -112,9 +114,19 @@ class ReaLModel(nn.Module):
             raise ValueError(
                 f"ReaLModel expects packed 1-D input_ids [T], got shape {tuple(input_ids.shape)}"
             )
+        if cu_seqlens.device != input_ids.device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but input_ids on {input_ids.device}")
         meta = PackedMeta.from_cu_seqlens(cu_seqlens, input_ids.shape[0])
         dropout = self.config.attn_pdrop if self.training else 0.0
-        return PackedContext(meta, self.attn_impl, dropout, **kw)
+        return PackedContext(meta, self._attn_impl_for(input_ids.device), dropout, **kw)
+
+    def _attn_impl_for(self, device: torch.device) -> str:
+        """The backend for inputs on ``device``, re-resolved when the device type changes: a model
+        built on CPU with ``attn_impl="auto"`` and moved to CUDA picks the CUDA kernels."""
+        if device.type != self._attn_device_type:
+            self.attn_impl = resolve_attn_impl(self.requested_attn_impl, device)
+            self._attn_device_type = device.type
+        return self.attn_impl
 
     def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         """logits [T, vocab] for an LM; values [T] for a critic."""
