@@ -38,10 +38,8 @@ class TagCounter:
     def __init__(self) -> None:
         self.next = 0
 
-    def take(self, n: int) -> int:
-        first = self.next
+    def take(self, n: int) -> None:
         self.next = (self.next + n) % TAG_MODULUS
-        return first
 
 
 async def run_call(
@@ -60,9 +58,9 @@ async def run_call(
     parts = meta.split(MicroBatchSpec(n_mbs=len(workers)))  # token-balanced, contiguous
     requests: dict[int, MFCRequest] = {}
     for dp_rank, (w, part) in enumerate(zip(workers, parts)):
-        pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, tags.take(0))
+        pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
+        tags.take(len(pieces))
         for p in pieces:
-            p.tag = tags.take(1)
             requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
         requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
         requests[w].call = MFCCall(mfc.name, step, dp_rank, part)

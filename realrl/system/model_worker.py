@@ -120,6 +120,9 @@ class ModelWorker(WorkerBase):
             "clear": self.clear,
         }
 
+    def describe_state(self) -> str:
+        return f"{len(self.store)} live samples"
+
     # -- setup ---------------------------------------------------------------------------------
 
     def _init_process_group(self) -> None:

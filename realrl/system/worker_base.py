@@ -48,6 +48,10 @@ class WorkerBase:
         self.handlers: dict[str, Callable[[Any], Any]] = {}
         self.stream: WorkerStream | None = None
 
+    def describe_state(self) -> str:
+        """What this worker still holds, for its last log line."""
+        return "nothing held"
+
     def _on_master_lost(self, silent_for: float) -> None:
         logger.error("%s: the master has not answered for %.1f s; exiting", self.name, silent_for)
         if self.exit_on_master_lost:
@@ -82,7 +86,7 @@ class WorkerBase:
                 continue
             if msg.handler == "exit":
                 self.stream.reply(msg)
-                logger.info("%s exits as asked", self.name)
+                logger.info("%s exits as asked (%s)", self.name, self.describe_state())
                 return
             self._handle(msg)
 

@@ -92,7 +92,8 @@ def test_round_trip_in_order_and_remote_errors():
             await master.call("w0", "fail", 0, timeout=5)
         last = await master.call("w0", "double", "ab", timeout=5)
         master.close()
-        await asyncio.to_thread(worker.join)
+        await asyncio.to_thread(worker.join, 10)
+        assert not worker.is_alive()
         return replies, info.value, last
 
     replies, err, last = asyncio.run(main())
@@ -161,6 +162,7 @@ def test_worker_refuses_foreign_messages(tmp_path):
     port = rogue.bind_to_random_port("tcp://127.0.0.1")
     stream = WorkerStream(Codec(SECRET), "w0", f"tcp://127.0.0.1:{port}")
     stream.say_hello()
+    assert rogue.poll(5000), "the worker's hello never arrived"
     identity = rogue.recv_multipart()[0]
     marker = tmp_path / "unpickled"
     rogue.send_multipart([identity, b"x" * 32, pickle.dumps(Boom(str(marker)))])

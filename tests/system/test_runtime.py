@@ -42,6 +42,9 @@ def test_local_run_completes_every_step_and_frees_workers(local_run):
     pids = worker_pids(cfg)
     assert sorted(pids) == ["model_worker/0", "model_worker/1"]
     assert alive(pids.values()) == []
+    for w in (0, 1):  # every sample's tensors were freed once all MFCs were done with it
+        with open(os.path.join(cfg.log_dir, f"model_worker-{w}.log")) as f:
+            assert "exits as asked (0 live samples)" in f.read()
 
 
 def test_a_new_seed_changes_the_stats(local_run, tmp_path):
