@@ -54,9 +54,6 @@ def run_experiment(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     os.makedirs(config.log_dir, exist_ok=True)
-    stats_path = os.path.join(config.run_dir, "stats.jsonl")
-    if os.path.exists(stats_path):
-        os.remove(stats_path)
     secret = secrets.token_bytes(32)
     if mode == "local":
         nr_cfg = NameResolveConfig("nfs", root=os.path.join(config.run_dir, "name_resolve"))

@@ -19,9 +19,16 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.model_api import FinetuneSpec
 from realrl.api.core.system_api import ExperimentConfig, model_worker_name
 from realrl.base import logging
+from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
 from realrl.system.function_call import TagCounter, post_all, run_call, run_guarded
-from realrl.system.protocol import FetchRequest, InitializeRequest, SetupRequest
+from realrl.system.protocol import (
+    FetchRequest,
+    InitializeRequest,
+    LoadRecoverRequest,
+    SaveRequest,
+    SetupRequest,
+)
 from realrl.system.request_reply_stream import MasterStream, WorkerLostError
 
 logger = logging.getLogger("master_worker")
@@ -69,6 +76,9 @@ class MasterWorker:
         self.stats: list[dict] = []  # one finished record per step, in order
         self.total_steps = 0
         self.steps_per_epoch = 0
+        self.start_step = 0  # > 0 when resuming from a recover point
+        self.trained = config.trained_roles()
+        self.recover_saved: dict[int, set[str]] = {}
         self.stats_path = os.path.join(config.run_dir, "stats.jsonl")
 
     # -- the run ---------------------------------------------------------------------------------
@@ -115,12 +125,40 @@ class MasterWorker:
         await post_all(
             self.stream, dict.fromkeys(self.workers, InitializeRequest(ft_spec)), "initialize", t.setup
         )
+        if cfg.resume:
+            await self._resume()
+        self._trim_stats()
         logger.info(
             "setup done: %d samples, %d steps/epoch, %d steps",
             sum(sizes),
             self.steps_per_epoch,
             self.total_steps,
         )
+
+    async def _resume(self) -> None:
+        cfg = self.config
+        step = checkpointing.latest_recover_step(cfg.run_dir)
+        if step is None:
+            logger.info("resume asked but %s holds no recover point: starting from step 0", cfg.run_dir)
+            return
+        paths = {role: checkpointing.recover_dir(cfg.run_dir, step, role) for role in self.trained}
+        holders = sorted({w for role in self.trained for w in cfg.allocations[role]})
+        await post_all(
+            self.stream, dict.fromkeys(holders, LoadRecoverRequest(paths)), "load_recover", cfg.timeouts.setup
+        )
+        self.start_step = min(step, self.total_steps)
+        self.progress.steps_done = self.start_step
+        self.progress.calls_done = dict.fromkeys(self.progress.calls_done, self.start_step)
+        logger.info("resumed from the recover point after step %d", step)
+
+    def _trim_stats(self) -> None:
+        """Keep the records of the steps already done (a resumed run continues the file)."""
+        kept = []
+        if self.start_step and os.path.exists(self.stats_path):
+            with open(self.stats_path) as f:
+                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= self.start_step]
+        with open(self.stats_path, "w") as f:
+            f.writelines(kept)
 
     def _per_rank_counts(self, dp_size: int) -> list[int]:
         n = self.config.batch_size
@@ -141,10 +179,10 @@ class MasterWorker:
         cfg = self.config
         owners = cfg.allocations[cfg.owner_role()]
         counts = self._per_rank_counts(len(owners))
-        for step in range(self.total_steps):
+        for step in range(self.start_step, self.total_steps):
             await self.progress.wait_for(lambda s=step: s - self.progress.steps_done < MAX_LIVE_STEPS)
-            new_epoch = step > 0 and step % self.steps_per_epoch == 0
-            requests = {w: FetchRequest(n, step, new_epoch) for w, n in zip(owners, counts)}
+            epoch, index = divmod(step, self.steps_per_epoch)
+            requests = {w: FetchRequest(n, step, epoch, index * n) for w, n in zip(owners, counts)}
             replies = await post_all(self.stream, requests, "fetch", cfg.timeouts.request)
             for w in owners:
                 self.buffer.add(replies[w].meta, owner=w, step=step)
@@ -157,7 +195,7 @@ class MasterWorker:
             for m in cfg.mfcs
             if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
         ]
-        for step in range(self.total_steps):
+        for step in range(self.start_step, self.total_steps):
             if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP:
                 await self.progress.wait_for(
                     lambda s=step: all(self.progress.calls_done[t] >= s for t in trains)
@@ -171,6 +209,8 @@ class MasterWorker:
                 self.tags,
                 cfg.timeouts.request,
             )
+            if self.trained.get(mfc.role) == mfc.name:
+                await self._save(mfc, step + 1)
             done = self.buffer.finish(mfc.name, result.ids)
             if done:
                 await post_all(self.stream, dict.fromkeys(self.workers, done), "clear", cfg.timeouts.request)
@@ -180,6 +220,30 @@ class MasterWorker:
             self.progress.calls_done[mfc.name] += 1
             self._maybe_finish_step(step)
             self.progress.notify()
+
+    async def _save(self, mfc: MFCDef, steps_done: int) -> None:
+        """Checkpoints of ``mfc``'s model after its training call of step ``steps_done - 1``; they
+        go before that model's next call, so they hold exactly ``steps_done`` updates."""
+        cfg, role = self.config, mfc.role
+        workers = cfg.allocations[role]
+        last = steps_done == self.total_steps
+        if last or (cfg.save_freq_steps and steps_done % cfg.save_freq_steps == 0):
+            path = checkpointing.hf_dir(cfg.run_dir, role, None if last else steps_done)
+            await post_all(
+                self.stream,
+                {workers[0]: SaveRequest(role, "hf", path, mfc.name)},
+                "save",
+                cfg.timeouts.request,
+            )
+        if cfg.ckpt_freq_steps and (steps_done % cfg.ckpt_freq_steps == 0 or last):
+            path = checkpointing.recover_dir(cfg.run_dir, steps_done, role)
+            req = SaveRequest(role, "recover", path, mfc.name)
+            await post_all(self.stream, dict.fromkeys(workers, req), "save", cfg.timeouts.request)
+            saved = self.recover_saved.setdefault(steps_done, set())
+            saved.add(role)
+            if saved == set(self.trained):
+                checkpointing.mark_recover_point(cfg.run_dir, steps_done)
+                del self.recover_saved[steps_done]
 
     def _maybe_finish_step(self, step: int) -> None:
         while self.progress.steps_done < self.total_steps and all(

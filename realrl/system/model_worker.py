@@ -24,14 +24,16 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ModelWorkerConfig
 from realrl.base import logging, network, seeding
 from realrl.base.name_resolve import NameRecordRepository
-from realrl.system import names
+from realrl.system import checkpointing, names
 from realrl.system.data_transfer import TensorStore, run_transfers
 from realrl.system.protocol import (
     FetchReply,
     FetchRequest,
     InitializeRequest,
+    LoadRecoverRequest,
     MFCReply,
     MFCRequest,
+    SaveRequest,
     SetupReply,
     SetupRequest,
 )
@@ -61,36 +63,29 @@ def import_plugins(modules: list[str]) -> None:
 
 
 class ShardLoader:
-    """This worker's dataset shard, reshuffled every epoch from (seed, epoch, dp rank)."""
+    """This worker's dataset shard; epoch ``e`` visits it in an order drawn from (seed, e, dp rank),
+    so any position of any epoch can be served again after a restart."""
 
     def __init__(self, dataset, seed: int, dp_rank: int):
         if len(dataset) == 0:
             raise ValueError(f"dataset shard {dp_rank} is empty")
         self.dataset, self.seed, self.dp_rank = dataset, seed, dp_rank
-        self.epoch, self.pos, self.order = 0, 0, self._order(0)
+        self.epoch, self.order = -1, []
 
-    def _order(self, epoch: int) -> list[int]:
-        g = torch.Generator().manual_seed(seeding.process_seed(self.seed + epoch, self.dp_rank))
-        return torch.randperm(len(self.dataset), generator=g).tolist()
-
-    def next(self, n: int, new_epoch: bool) -> tuple[SequenceSample, int]:
-        """The next ``n`` samples; ``new_epoch`` (decided by the master for every shard at once)
-        drops the rest of this epoch and reshuffles."""
-        if new_epoch:
-            self.epoch, self.pos = self.epoch + 1, 0
-            self.order = self._order(self.epoch)
-        if self.pos + n > len(self.dataset):
+    def batch(self, epoch: int, pos: int, n: int) -> SequenceSample:
+        if epoch != self.epoch:
+            g = torch.Generator().manual_seed(seeding.process_seed(self.seed + epoch, self.dp_rank))
+            self.epoch, self.order = epoch, torch.randperm(len(self.dataset), generator=g).tolist()
+        if pos + n > len(self.dataset):
             raise ValueError(
-                f"dataset shard {self.dp_rank} has {len(self.dataset) - self.pos} samples left in epoch "
-                f"{self.epoch}, asked for {n}"
+                f"dataset shard {self.dp_rank} has {len(self.dataset)} samples; asked for {pos}..{pos + n} in epoch {epoch}"
             )
         items = []
-        for i in self.order[self.pos : self.pos + n]:
+        for i in self.order[pos : pos + n]:
             item = self.dataset[i]
-            item.ids = [f"{sid}@e{self.epoch}" for sid in item.ids]  # unique across epochs
+            item.ids = [f"{sid}@e{epoch}" for sid in item.ids]  # unique across epochs
             items.append(item)
-        self.pos += n
-        return SequenceSample.gather(items), self.epoch
+        return SequenceSample.gather(items)
 
 
 class ModelWorker(WorkerBase):
@@ -118,6 +113,8 @@ class ModelWorker(WorkerBase):
             "fetch": self.fetch,
             "mfc": self.run_mfc,
             "clear": self.clear,
+            "save": self.save,
+            "load_recover": self.load_recover,
         }
 
     def describe_state(self) -> str:
@@ -190,12 +187,33 @@ class ModelWorker(WorkerBase):
     def fetch(self, req: FetchRequest) -> FetchReply:
         if self.loader is None:
             raise RuntimeError(f"{self.name} holds no dataset shard but was asked to fetch")
-        sample, epoch = self.loader.next(req.n, req.new_epoch)
+        sample = self.loader.batch(req.epoch, req.pos, req.n)
         self.store.put(sample)
-        return FetchReply(sample.meta(), epoch)
+        return FetchReply(sample.meta(), req.epoch)
 
     def clear(self, ids: list) -> int:
         return self.store.drop(ids)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def _role_interfaces(self, role: str) -> dict[str, model_api.ModelInterface]:
+        return {n: i for n, i in self.interfaces.items() if self.mfcs[n].role == role}
+
+    def save(self, req: SaveRequest) -> None:
+        model = self.models[req.role]
+        if req.kind == "hf":
+            self.interfaces[req.interface].save(model, req.path)
+        elif req.kind == "recover":
+            checkpointing.save_recover(model, req.role, self._role_interfaces(req.role), req.path)
+        else:
+            raise ValueError(f"unknown checkpoint kind {req.kind!r}")
+        logger.info("%s saved %s (%s) to %s", self.name, req.role, req.kind, req.path)
+
+    def load_recover(self, req: LoadRecoverRequest) -> None:
+        for role, path in sorted(req.paths.items()):
+            if role in self.models:
+                checkpointing.load_recover(self.models[role], role, self._role_interfaces(role), path)
+                logger.info("%s restored %s from %s", self.name, role, path)
 
     # -- model function calls --------------------------------------------------------------------
 

@@ -26,9 +26,28 @@ class InitializeRequest:
 
 @dataclasses.dataclass
 class FetchRequest:
-    n: int  # samples to hand out from this worker's shard
+    """Samples ``pos .. pos + n`` of this worker's shard in the order of ``epoch``."""
+
+    n: int
     step: int
-    new_epoch: bool = False  # start the next epoch first (drop the rest of this one, reshuffle)
+    epoch: int
+    pos: int
+
+
+@dataclasses.dataclass
+class SaveRequest:
+    """``kind="hf"``: ``interface`` saves the model (dp rank 0 only); ``kind="recover"``: every
+    dp rank writes the engine's resumable state (a collective)."""
+
+    role: str
+    kind: str
+    path: str
+    interface: str
+
+
+@dataclasses.dataclass
+class LoadRecoverRequest:
+    paths: dict[str, str]  # role -> recover folder, for the trained roles
 
 
 @dataclasses.dataclass

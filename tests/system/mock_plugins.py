@@ -7,6 +7,8 @@ parameter-version rule, on data moving correctly between workers and on the data
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import torch
@@ -37,9 +39,26 @@ class RandomTokens(torch.utils.data.Dataset):
 
 
 class Scalar(torch.nn.Module):
+    """One trainable number; ``save`` / ``load`` play the training engine's resumable checkpoint."""
+
     def __init__(self) -> None:
         super().__init__()
         self.w = torch.nn.Parameter(1.0 + 0.1 * torch.randn(()))
+        self.dp_group = None
+
+    def _file(self, path: str) -> str:
+        rank = 0 if self.dp_group is None else dist.get_rank(self.dp_group)
+        return os.path.join(path, f"scalar_rank{rank}.pt")
+
+    def save(self, path: str, extra_state=None) -> None:
+        os.makedirs(path, exist_ok=True)
+        torch.save({"w": self.w.detach().clone(), "extra": extra_state}, self._file(path))
+
+    def load(self, path: str):
+        state = torch.load(self._file(path))
+        with torch.no_grad():
+            self.w.copy_(state["w"])
+        return state["extra"]
 
 
 def make_scalar_model(name, device, **_):
@@ -120,6 +139,17 @@ class Train(model_api.ModelInterface):
             "calls": self.calls,
             "n_seqs": float(t[1]),
         }
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+
+    def save(self, model, save_dir: str) -> None:
+        os.makedirs(save_dir, exist_ok=True)
+        with open(os.path.join(save_dir, "scalar.json"), "w") as f:
+            json.dump({"w": float(model.module.w.detach()), "version": model.version.global_step}, f)
 
 
 class Raise(model_api.ModelInterface):

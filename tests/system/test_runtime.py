@@ -47,6 +47,25 @@ def test_local_run_completes_every_step_and_frees_workers(local_run):
             assert "exits as asked (0 live samples)" in f.read()
 
 
+def test_checkpoints_and_an_exact_resume(local_run, tmp_path):
+    """4 steps with recover points every 2, then a resumed run to 8 steps: its records (and the
+    interface's call counter) continue exactly where the uninterrupted 8-step run went."""
+    _, uninterrupted = local_run
+    first = mock_config(tmp_path, "resume", total_train_steps=4, ckpt_freq_steps=2, save_freq_steps=2)
+    assert deterministic(run_experiment(first, "local")) == deterministic(uninterrupted)[:4]
+    with open(os.path.join(first.run_dir, "checkpoints", "actor", "step2", "scalar.json")) as f:
+        assert json.load(f) == {"w": uninterrupted[1]["actor_train/w"], "version": 2}
+    with open(os.path.join(first.run_dir, "checkpoints", "critic", "final", "scalar.json")) as f:
+        assert json.load(f)["version"] == 4
+    assert sorted(os.listdir(os.path.join(first.run_dir, "recover"))) == ["latest.json", "step4"]
+    resumed_cfg = mock_config(tmp_path, "resume", total_train_epochs=2, ckpt_freq_steps=2, resume=True)
+    resumed = run_experiment(resumed_cfg, "local")
+    assert [s["step"] for s in resumed] == [5, 6, 7, 8]
+    assert deterministic(resumed) == deterministic(uninterrupted)[4:]
+    with open(os.path.join(first.run_dir, "stats.jsonl")) as f:
+        assert [json.loads(line)["step"] for line in f] == list(range(1, 9))
+
+
 def test_a_new_seed_changes_the_stats(local_run, tmp_path):
     cfg, stats = local_run
     other = run_experiment(mock_config(tmp_path, "seed2", total_train_steps=2, seed=2), "local")

@@ -18,7 +18,7 @@ from realrl.api.core.config import (
     ModelInterfaceAbstraction,
     ModelName,
 )
-from realrl.api.core.dfg import MFCDef, build_graph
+from realrl.api.core.dfg import MFCDef, ModelInterfaceType, build_graph
 
 
 @dataclasses.dataclass
@@ -133,6 +133,9 @@ class ExperimentConfig:
     total_train_epochs: int = 1
     total_train_steps: int | None = None  # stop after this many steps even mid-epoch
     data_owner: str | None = None  # role whose workers load the data; default: first consumer's
+    save_freq_steps: int | None = None  # HF checkpoints of trained models every N steps (always at the end)
+    ckpt_freq_steps: int | None = None  # recover points (weights + optimizer + counters) every N steps
+    resume: bool = False  # continue from the latest recover point under run_dir, if there is one
     import_modules: list[str] = dataclasses.field(default_factory=list)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     device: str = "cpu"
@@ -173,6 +176,14 @@ class ExperimentConfig:
     def owner_role(self) -> str:
         return self.data_owner or self.source_mfcs()[0].role
 
+    def trained_roles(self) -> dict[str, str]:
+        """Role -> its first training MFC (the one whose interface saves the model)."""
+        out: dict[str, str] = {}
+        for m in self.mfcs:
+            if m.interface_type is ModelInterfaceType.TRAIN_STEP:
+                out.setdefault(m.role, m.name)
+        return out
+
     # -- checks --------------------------------------------------------------------------------
 
     def validate(self) -> None:
@@ -182,8 +193,10 @@ class ExperimentConfig:
             raise ValueError(f"every MFC must use the same n_seqs (one batch per step), got {n_seqs}")
         if self.total_train_epochs < 1:
             raise ValueError(f"total_train_epochs must be >= 1, got {self.total_train_epochs}")
-        if self.total_train_steps is not None and self.total_train_steps < 1:
-            raise ValueError(f"total_train_steps must be >= 1 or None, got {self.total_train_steps}")
+        for name in ("total_train_steps", "save_freq_steps", "ckpt_freq_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
         for mfc in self.mfcs:
             if mfc.role not in self.models:
                 raise ValueError(
