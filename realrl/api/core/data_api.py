@@ -122,12 +122,18 @@ def _as_int_lists(seqlens: dict[str, Sequence[Sequence[int]]]) -> dict[str, list
                 raise ValueError(
                     f"seqlens[{k!r}][{i}] must be a list of ints (one per sequence), got {lens!r}"
                 )
-            row = [int(x) for x in lens]
-            if any(x < 0 for x in row):
+            row = list(map(int, lens))
+            if row and min(row) < 0:
                 raise ValueError(f"seqlens[{k!r}][{i}] has a negative length: {row}")
             rows.append(row)
         out[k] = rows
     return out
+
+
+def _check_unique_ids(ids: list[Hashable]) -> None:
+    if len(set(ids)) != len(ids):
+        dup = sorted({str(i) for i in ids if ids.count(i) > 1})
+        raise ValueError(f"SequenceSample ids must be unique; repeated: {dup}")
 
 
 @dataclasses.dataclass
@@ -151,45 +157,68 @@ class SequenceSample:
         self.metadata = {k: list(v) for k, v in (self.metadata or {}).items()}
         self._validate()
 
+    @classmethod
+    def _from_canonical(
+        cls,
+        keys: set[str],
+        trailing_shapes: dict[str, tuple[int, ...]],
+        dtypes: dict[str, torch.dtype],
+        ids: list[Hashable],
+        seqlens: dict[str, list[list[int]]],
+        data: dict[str, torch.Tensor | None] | None,
+        metadata: dict[str, list[Any]],
+    ) -> SequenceSample:
+        """Wrap parts already in the form ``__post_init__`` would give them (fresh containers, a
+        set, tuples, lists of non-negative int lists), skipping its copies and ``_validate``: for
+        ``from_default`` and ``gather``, which build such parts themselves and check the rest."""
+        self = cls.__new__(cls)
+        self.keys = keys
+        self.trailing_shapes = trailing_shapes
+        self.dtypes = dtypes
+        self.ids = ids
+        self.seqlens = seqlens
+        self.data = data
+        self.metadata = metadata
+        return self
+
     # -- validation ------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        if len(set(self.ids)) != len(self.ids):
-            dup = sorted({str(i) for i in self.ids if self.ids.count(i) > 1})
-            raise ValueError(f"SequenceSample ids must be unique; repeated: {dup}")
+        _check_unique_ids(self.ids)
+        keys = self.keys
         for field in ("seqlens", "trailing_shapes", "dtypes"):
-            have = set(getattr(self, field))
-            if have != self.keys:
+            if getattr(self, field).keys() != keys:
+                have = set(getattr(self, field))
                 raise ValueError(
                     f"SequenceSample.{field} keys {sorted(have)} differ from keys "
-                    f"{sorted(self.keys)} (missing: {sorted(self.keys - have)}, "
-                    f"extra: {sorted(have - self.keys)})"
+                    f"{sorted(keys)} (missing: {sorted(keys - have)}, "
+                    f"extra: {sorted(have - keys)})"
                 )
-        for k in self.keys:
-            if len(self.seqlens[k]) != self.bs:
+        bs = self.bs
+        for k in keys:
+            if len(self.seqlens[k]) != bs:
                 raise ValueError(
-                    f"key {k!r}: seqlens has {len(self.seqlens[k])} samples but there are {self.bs} ids"
+                    f"key {k!r}: seqlens has {len(self.seqlens[k])} samples but there are {bs} ids"
                 )
         for k, v in self.metadata.items():
-            if len(v) != self.bs:
-                raise ValueError(f"metadata {k!r} has {len(v)} entries but there are {self.bs} ids")
+            if len(v) != bs:
+                raise ValueError(f"metadata {k!r} has {len(v)} entries but there are {bs} ids")
         if self.data is None:
             return
-        if set(self.data) != self.keys:
-            raise ValueError(
-                f"SequenceSample.data keys {sorted(self.data)} differ from keys {sorted(self.keys)}"
-            )
+        if self.data.keys() != keys:
+            raise ValueError(f"SequenceSample.data keys {sorted(self.data)} differ from keys {sorted(keys)}")
         for k, t in self.data.items():
             if t is None:
                 continue
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"key {k!r}: data must be a torch.Tensor, got {type(t).__name__}")
-            total = sum(sum(x) for x in self.seqlens[k])
-            if t.shape[0] != total:
-                raise ValueError(f"key {k!r}: data has {t.shape[0]} rows but seqlens sum to {total}")
-            if tuple(t.shape[1:]) != self.trailing_shapes[k]:
+            total = sum(map(sum, self.seqlens[k]))
+            shape = t.shape
+            if shape[0] != total:
+                raise ValueError(f"key {k!r}: data has {shape[0]} rows but seqlens sum to {total}")
+            if shape[1:] != self.trailing_shapes[k]:
                 raise ValueError(
-                    f"key {k!r}: trailing shape {tuple(t.shape[1:])} differs from declared "
+                    f"key {k!r}: trailing shape {tuple(shape[1:])} differs from declared "
                     f"{self.trailing_shapes[k]}"
                 )
             if t.dtype != self.dtypes[k]:
@@ -209,7 +238,7 @@ class SequenceSample:
         per sequence of that sample); each key's lengths follow its registered ``KeySpec``."""
         if len(seqlens) != len(ids):
             raise ValueError(f"from_default: {len(seqlens)} seqlens for {len(ids)} ids")
-        per_seq = [[int(s)] if isinstance(s, int) else [int(x) for x in s] for s in seqlens]
+        per_seq = [[int(s)] if isinstance(s, int) else list(map(int, s)) for s in seqlens]
         lens: dict[str, list[list[int]]] = {}
         for k in data:
             if k not in _KEY_SPECS:
@@ -217,36 +246,49 @@ class SequenceSample:
                     f"from_default: key {k!r} has no KeySpec; declare it with "
                     f"register_key_spec({k!r}, kind, dtype) (registered: {registered_keys()})"
                 )
-            spec = _KEY_SPECS.get(k)
-            lens[k] = [[spec.length(n) for n in row] for row in per_seq]
-        return cls(
+            length = _KEY_SPECS.get(k).length
+            lens[k] = [list(map(length, row)) for row in per_seq]
+        parts = dict(
             keys=set(data),
             trailing_shapes={k: tuple(v.shape[1:]) for k, v in data.items()},
             dtypes={k: v.dtype for k, v in data.items()},
             ids=list(ids),
             seqlens=lens,
             data=dict(data),
-            metadata=metadata or {},
         )
+        if any(row and min(row) < 0 for row in per_seq):
+            return cls(**parts, metadata=metadata or {})  # __post_init__ names the negative length
+        x = cls._from_canonical(**parts, metadata={k: list(v) for k, v in (metadata or {}).items()})
+        x._validate()
+        return x
 
     @classmethod
     def gather(cls, samples: Sequence[SequenceSample], keys: Sequence[str] | None = None):
-        """Concatenate samples (in order) into one batch over ``keys`` (default: the first's)."""
+        """Concatenate samples (in order) into one batch over ``keys`` (default: the first's).
+
+        The samples were validated when built, so only what joining them can break is checked:
+        keys, trailing shapes, dtypes, metadata keys and unique ids."""
         if not samples:
             raise ValueError("gather needs at least one SequenceSample")
-        keys = set(samples[0].keys if keys is None else keys)
+        first = samples[0]
+        keys = set(first.keys if keys is None else keys)
+        shapes0 = dtypes0 = None
         for j, s in enumerate(samples):
-            missing = keys - s.keys
-            if missing:
+            if not keys <= s.keys:
+                missing = keys - s.keys
                 raise ValueError(f"gather: sample {j} (ids {s.ids[:3]}...) lacks keys {sorted(missing)}")
-            for k in keys:
-                if s.trailing_shapes[k] != samples[0].trailing_shapes[k]:
-                    raise ValueError(f"gather: key {k!r} has different trailing shapes across samples")
-                if s.dtypes[k] != samples[0].dtypes[k]:
-                    raise ValueError(f"gather: key {k!r} has different dtypes across samples")
-        meta_keys = set(samples[0].metadata)
+            if shapes0 is None:
+                shapes0 = {k: s.trailing_shapes[k] for k in keys}
+                dtypes0 = {k: s.dtypes[k] for k in keys}
+            elif not (s.trailing_shapes == shapes0 and s.dtypes == dtypes0):
+                for k in keys:  # same keys but a mismatch, or extra keys: compare key by key
+                    if s.trailing_shapes[k] != shapes0[k]:
+                        raise ValueError(f"gather: key {k!r} has different trailing shapes across samples")
+                    if s.dtypes[k] != dtypes0[k]:
+                        raise ValueError(f"gather: key {k!r} has different dtypes across samples")
+        meta_keys = first.metadata.keys()
         for j, s in enumerate(samples):
-            if set(s.metadata) != meta_keys:
+            if s.metadata.keys() != meta_keys:
                 raise ValueError(
                     f"gather: sample {j} has metadata keys {sorted(s.metadata)}, expected {sorted(meta_keys)}"
                 )
@@ -264,14 +306,16 @@ class SequenceSample:
                     data[k] = None
                 else:
                     data[k] = torch.cat(parts, dim=0)
-        return cls(
+        ids = [i for s in samples for i in s.ids]
+        _check_unique_ids(ids)
+        return cls._from_canonical(
             keys=keys,
-            trailing_shapes={k: samples[0].trailing_shapes[k] for k in keys},
-            dtypes={k: samples[0].dtypes[k] for k in keys},
-            ids=[i for s in samples for i in s.ids],
-            seqlens={k: [row for s in samples for row in s.seqlens[k]] for k in keys},
+            trailing_shapes=shapes0,
+            dtypes=dtypes0,
+            ids=ids,
+            seqlens={k: [list(r) for s in samples for r in s.seqlens[k]] for k in keys},
             data=data,
-            metadata={m: [v for s in samples for v in s.metadata[m]] for m in meta_keys},
+            metadata={m: [v for s in samples for v in s.metadata[m]] for m in set(meta_keys)},
         )
 
     # -- views -------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -14,6 +14,7 @@ from realrl.base import logging
 from realrl.impl.dataset.errors import DataError, get_field
 from realrl.impl.dataset.sharding import shard_indices
 from realrl.impl.dataset.sources import DataSource, RowTable, load_rows
+from realrl.impl.dataset.tokenize import BATCH_ROWS, BatchTokenizer
 
 logger = logging.getLogger("dataset")
 
@@ -24,6 +25,8 @@ class Skip(Exception):  # noqa: N818 - a control-flow signal, not an error
 
 # builder(row, where, id, metadata, dropped) -> SequenceSample; raises Skip to leave the row out
 RowBuilder = Callable[[dict[str, Any], str, Hashable, dict[str, Any], collections.Counter], SequenceSample]
+# texts(row) -> the (text, add_special_tokens) the builder will tokenize for that row: a hint only
+RowTexts = Callable[[dict[str, Any]], Iterable[tuple[str, bool]]]
 
 
 def owned_rows(
@@ -56,6 +59,16 @@ def _row_ids(table: RowTable, id_key: str | None) -> list[Hashable]:
     return ids
 
 
+def _chunk_texts(
+    chunk: Sequence[tuple[dict[str, Any], str, Hashable]], texts: RowTexts
+) -> Iterator[tuple[str, bool]]:
+    for row, _, _ in chunk:
+        try:
+            yield from texts(row)
+        except Exception:  # noqa: BLE001 - a row the hint cannot read is left to its builder,
+            continue  # which raises the same error as ever, in row order (or skips the row)
+
+
 class SampleListDataset(torch.utils.data.Dataset):
     """A dataset of ready one-sample ``SequenceSample`` items for this data-parallel rank.
 
@@ -70,17 +83,25 @@ class SampleListDataset(torch.utils.data.Dataset):
         rows: Sequence[tuple[dict[str, Any], str, Hashable]],
         metadata_keys: Sequence[str],
         build: RowBuilder,
+        tok: BatchTokenizer | None = None,
+        texts: RowTexts | None = None,
     ):
+        """``tok`` and ``texts``: tokenize the texts of each chunk of rows in one batch call before
+        the chunk is built; ``build`` then reads them from ``tok`` (the same ids, much faster)."""
         self.util = util
         self.n_rows = len(rows)
         self.dropped: collections.Counter[str] = collections.Counter()
         self.samples: list[SequenceSample] = []
-        for row, where, id_ in rows:
-            meta = {k: get_field(row, k, object, where) for k in metadata_keys}
-            try:
-                self.samples.append(build(row, where, id_, meta, self.dropped))
-            except Skip as s:
-                self.dropped[str(s)] += 1
+        for start in range(0, len(rows), BATCH_ROWS):
+            chunk = rows[start : start + BATCH_ROWS]
+            if tok is not None and texts is not None:
+                tok.prefetch(_chunk_texts(chunk, texts))
+            for row, where, id_ in chunk:
+                meta = {k: get_field(row, k, object, where) for k in metadata_keys}
+                try:
+                    self.samples.append(build(row, where, id_, meta, self.dropped))
+                except Skip as s:
+                    self.dropped[str(s)] += 1
         if self.dropped:
             logger.warning(
                 "%s (rank %d/%d): kept %d of %d rows; left out: %s",

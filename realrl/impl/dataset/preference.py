@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from realrl.impl.dataset.errors import DataError, check_token_ids, get_field
-from realrl.impl.dataset.tokenize import check_messages, is_conversational, tokenize
+from realrl.impl.dataset.tokenize import BatchTokenizer, check_messages, is_conversational, tokenize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,22 +60,62 @@ def _as_list_of_pairs(chosen: Any, rejected: Any, single: Any, fields: tuple[str
     )
 
 
-def _pretokenized_pairs(
-    row: dict, where: str, fields: PreferenceFields
-) -> list[tuple[list[int], list[int]]] | None:
+def _ids_names(row: dict, fields: PreferenceFields) -> tuple[str, str] | None:
+    """The pre-tokenized columns this row has, if any."""
     for c_name, r_name in fields.ids_names():
         if c_name in row and r_name in row:
-            c, r = get_field(row, c_name, list, where), get_field(row, r_name, list, where)
-            pairs = _as_list_of_pairs(c, r, _is_ids, (c_name, r_name), where)
-            return [(check_token_ids(a, c_name, where), check_token_ids(b, r_name, where)) for a, b in pairs]
+            return c_name, r_name
     return None
 
 
-def _text_pairs(tokenizer: Any, row: dict, where: str, fields: PreferenceFields):
+def _pretokenized_pairs(
+    row: dict, where: str, fields: PreferenceFields
+) -> list[tuple[list[int], list[int]]] | None:
+    names = _ids_names(row, fields)
+    if names is None:
+        return None
+    c_name, r_name = names
+    c, r = get_field(row, c_name, list, where), get_field(row, r_name, list, where)
+    pairs = _as_list_of_pairs(c, r, _is_ids, (c_name, r_name), where)
+    return [(check_token_ids(a, c_name, where), check_token_ids(b, r_name, where)) for a, b in pairs]
+
+
+def _answers(row: dict, where: str, fields: PreferenceFields) -> tuple[Any, Any, Any]:
     chosen = get_field(row, fields.chosen, (str, list), where)
     rejected = get_field(row, fields.rejected, (str, list), where)
-    prompt = row.get(fields.prompt)
-    if is_conversational(chosen) or (isinstance(chosen, list) and chosen and is_conversational(chosen[0])):
+    return chosen, rejected, row.get(fields.prompt)
+
+
+def _is_chat(chosen: Any) -> bool:
+    return is_conversational(chosen) or (
+        isinstance(chosen, list) and bool(chosen) and is_conversational(chosen[0])
+    )
+
+
+def _pair_texts(
+    chosen: Any, rejected: Any, prompt: Any, eos: str | None, where: str, fields: PreferenceFields
+) -> list[tuple[str, str]]:
+    """Text answers: (prompt + chosen + EOS, prompt + rejected + EOS) per pair, EOS not doubled."""
+    pairs = _as_list_of_pairs(
+        chosen, rejected, lambda x: isinstance(x, str), (fields.chosen, fields.rejected), where
+    )
+    if prompt is not None and not isinstance(prompt, str):
+        raise DataError(
+            f"{where}: field {fields.prompt!r} must be text like {fields.chosen!r}, got {type(prompt).__name__}"
+        )
+    if eos is None:
+        raise ValueError("the tokenizer has no EOS token; preference text needs one appended")
+
+    def text(answer: str) -> str:
+        answer = answer if answer.endswith(eos) else answer + eos
+        return (prompt or "") + answer
+
+    return [(text(c), text(r)) for c, r in pairs]
+
+
+def _text_pairs(tok: BatchTokenizer, row: dict, where: str, fields: PreferenceFields):
+    chosen, rejected, prompt = _answers(row, where, fields)
+    if _is_chat(chosen):
         pairs = _as_list_of_pairs(
             chosen, rejected, is_conversational, (fields.chosen, fields.rejected), where
         )
@@ -86,32 +126,29 @@ def _text_pairs(tokenizer: Any, row: dict, where: str, fields: PreferenceFields)
         for c, r in pairs:
             check_messages(c, fields.chosen, where)
             check_messages(r, fields.rejected, where)
-            out.append((tokenize(tokenizer, prefix + c), tokenize(tokenizer, prefix + r)))
+            out.append((tokenize(tok, prefix + c), tokenize(tok, prefix + r)))
         return out
-    pairs = _as_list_of_pairs(
-        chosen, rejected, lambda x: isinstance(x, str), (fields.chosen, fields.rejected), where
-    )
-    if prompt is not None and not isinstance(prompt, str):
-        raise DataError(
-            f"{where}: field {fields.prompt!r} must be text like {fields.chosen!r}, got {type(prompt).__name__}"
-        )
-    eos = tokenizer.eos_token
-    if eos is None:
-        raise ValueError("the tokenizer has no EOS token; preference text needs one appended")
+    texts = _pair_texts(chosen, rejected, prompt, tok.tokenizer.eos_token, where, fields)
+    return [(tok(c), tok(r)) for c, r in texts]
 
-    def text(answer: str) -> str:
-        answer = answer if answer.endswith(eos) else answer + eos
-        return (prompt or "") + answer
 
-    return [(tokenize(tokenizer, text(c)), tokenize(tokenizer, text(r))) for c, r in pairs]
+def preference_texts(row: dict, fields: PreferenceFields, eos: str | None) -> list[str]:
+    """The texts ``preference_pairs`` will tokenize for a text row (none for pre-tokenized or chat
+    rows): what ``BatchTokenizer.prefetch`` reads ahead. Raises on a bad row, like the builder."""
+    if _ids_names(row, fields) is not None:
+        return []
+    chosen, rejected, prompt = _answers(row, "", fields)
+    if _is_chat(chosen):
+        return []
+    return [t for pair in _pair_texts(chosen, rejected, prompt, eos, "", fields) for t in pair]
 
 
 def preference_pairs(
-    tokenizer: Any, row: dict, where: str, fields: PreferenceFields = PreferenceFields()
+    tok: BatchTokenizer, row: dict, where: str, fields: PreferenceFields = PreferenceFields()
 ) -> list[tuple[list[int], list[int]]]:
     """All (chosen, rejected) token-id pairs of one row, before any length filter."""
     pairs = _pretokenized_pairs(row, where, fields)
-    return pairs if pairs is not None else _text_pairs(tokenizer, row, where, fields)
+    return pairs if pairs is not None else _text_pairs(tok, row, where, fields)
 
 
 def preference_margins(row: dict, where: str, fields: PreferenceFields, n_pairs: int) -> list[float]:

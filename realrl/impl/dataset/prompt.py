@@ -10,7 +10,7 @@ from realrl.impl.dataset.base import SampleListDataset, Skip, owned_rows
 from realrl.impl.dataset.errors import get_field
 from realrl.impl.dataset.samples import prompt_sample
 from realrl.impl.dataset.sources import DataSource
-from realrl.impl.dataset.tokenize import to_ids
+from realrl.impl.dataset.tokenize import BatchTokenizer, to_ids
 
 
 class PromptDataset(SampleListDataset):
@@ -30,11 +30,15 @@ class PromptDataset(SampleListDataset):
         id_key: str | None = None,
         metadata_keys: Sequence[str] = (),
     ):
-        tokenizer = util.tokenizer
+        tok = BatchTokenizer(util.tokenizer)
+
+        def texts(row):
+            prompt = row.get(prompt_key)
+            return [(prompt, True)] if isinstance(prompt, str) else []
 
         def build(row, where, id_, meta, dropped):
             prompt = get_field(row, prompt_key, (str, list), where)
-            ids = to_ids(tokenizer, prompt, prompt_key, where, add_generation_prompt=True)
+            ids = to_ids(tok, prompt, prompt_key, where, add_generation_prompt=True)
             if not ids:
                 raise Skip("empty prompt")
             if max_prompt_len is not None and len(ids) > max_prompt_len:
@@ -42,7 +46,7 @@ class PromptDataset(SampleListDataset):
             return prompt_sample(id_, ids, meta)
 
         rows = owned_rows("prompt", util, dataset_path, dataset_builder, split, id_key)
-        super().__init__("prompt", util, rows, metadata_keys, build)
+        super().__init__("prompt", util, rows, metadata_keys, build, tok, texts)
 
 
 register_dataset("prompt", PromptDataset)

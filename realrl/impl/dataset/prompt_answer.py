@@ -10,7 +10,7 @@ from realrl.impl.dataset.base import SampleListDataset, Skip, owned_rows
 from realrl.impl.dataset.errors import DataError, get_field
 from realrl.impl.dataset.samples import sft_sample
 from realrl.impl.dataset.sources import DataSource
-from realrl.impl.dataset.tokenize import eos_token_id, is_conversational, to_ids
+from realrl.impl.dataset.tokenize import BatchTokenizer, eos_token_id, is_conversational, to_ids
 
 
 class PromptAnswerDataset(SampleListDataset):
@@ -38,19 +38,26 @@ class PromptAnswerDataset(SampleListDataset):
         id_key: str | None = None,
         metadata_keys: Sequence[str] = (),
     ):
-        tokenizer = util.tokenizer
-        eos = eos_token_id(tokenizer)
+        tok = BatchTokenizer(util.tokenizer)
+        eos = eos_token_id(util.tokenizer)
+
+        def texts(row):
+            prompt, answer = row.get(prompt_key), row.get(answer_key)
+            if isinstance(prompt, str):
+                yield prompt, True
+            if isinstance(answer, str):
+                yield answer, False
 
         def build(row, where, id_, meta, dropped):
             prompt = get_field(row, prompt_key, (str, list), where)
             answer = get_field(row, answer_key, (str, list), where)
-            prompt_ids = to_ids(tokenizer, prompt, prompt_key, where, add_generation_prompt=True)
+            prompt_ids = to_ids(tok, prompt, prompt_key, where, add_generation_prompt=True)
             if is_conversational(answer):
                 if not is_conversational(prompt):
                     raise DataError(
                         f"{where}: field {answer_key!r} is chat messages but {prompt_key!r} is not"
                     )
-                full = to_ids(tokenizer, prompt + answer, f"{prompt_key}+{answer_key}", where)
+                full = to_ids(tok, prompt + answer, f"{prompt_key}+{answer_key}", where)
                 if full[: len(prompt_ids)] != prompt_ids:
                     raise DataError(
                         f"{where}: the chat template does not render prompt {prompt_key!r} as a prefix "
@@ -59,9 +66,9 @@ class PromptAnswerDataset(SampleListDataset):
                 answer_ids = full[len(prompt_ids) :]
             else:
                 answer_ids = (
-                    list(tokenizer(answer, add_special_tokens=False)["input_ids"])
+                    tok(answer, add_special_tokens=False)
                     if isinstance(answer, str)
-                    else to_ids(tokenizer, answer, answer_key, where)
+                    else to_ids(tok, answer, answer_key, where)
                 )
                 if not answer_ids or answer_ids[-1] != eos:
                     answer_ids.append(eos)
@@ -74,7 +81,7 @@ class PromptAnswerDataset(SampleListDataset):
             return sft_sample(id_, prompt_ids, answer_ids, loss_on_prompt, meta)
 
         rows = owned_rows("prompt_answer", util, dataset_path, dataset_builder, split, id_key)
-        super().__init__("prompt_answer", util, rows, metadata_keys, build)
+        super().__init__("prompt_answer", util, rows, metadata_keys, build, tok, texts)
 
 
 register_dataset("prompt_answer", PromptAnswerDataset)

@@ -11,9 +11,15 @@ import numpy as np
 from realrl.api.core.data_api import DatasetUtility, register_dataset
 from realrl.impl.dataset.base import SampleListDataset, Skip, owned_rows
 from realrl.impl.dataset.errors import DataError
-from realrl.impl.dataset.preference import PreferenceFields, preference_margins, preference_pairs
+from realrl.impl.dataset.preference import (
+    PreferenceFields,
+    preference_margins,
+    preference_pairs,
+    preference_texts,
+)
 from realrl.impl.dataset.samples import paired_sample
 from realrl.impl.dataset.sources import DataSource
+from realrl.impl.dataset.tokenize import BatchTokenizer
 
 
 class RewardPairDataset(SampleListDataset):
@@ -46,15 +52,18 @@ class RewardPairDataset(SampleListDataset):
                 f"rw_paired: max_pairs_per_prompt must be >= 1 or None, got {max_pairs_per_prompt}"
             )
         fields = PreferenceFields(prompt_key, chosen_key, rejected_key, margin_key or "")
-        tokenizer = util.tokenizer
+        tok = BatchTokenizer(util.tokenizer)
         self.has_margins: bool | None = None
+
+        def texts(row):
+            return [(t, True) for t in preference_texts(row, fields, util.tokenizer.eos_token)]
 
         def build(row, where, id_, meta, dropped):
             if self.has_margins is None:  # decided by the first row, like TRL's collator
                 self.has_margins = bool(margin_key) and margin_key in row
             elif not self.has_margins and margin_key and margin_key in row:
                 raise DataError(f"{where}: field {margin_key!r} is set but this rank's first row has none")
-            pairs = preference_pairs(tokenizer, row, where, fields)
+            pairs = preference_pairs(tok, row, where, fields)
             margins = preference_margins(row, where, fields, len(pairs)) if self.has_margins else None
             keep = [
                 j for j, (c, r) in enumerate(pairs) if max_length is None or max(len(c), len(r)) <= max_length
@@ -74,7 +83,7 @@ class RewardPairDataset(SampleListDataset):
             )
 
         rows = owned_rows("rw_paired", util, dataset_path, dataset_builder, split, id_key)
-        super().__init__("rw_paired", util, rows, metadata_keys, build)
+        super().__init__("rw_paired", util, rows, metadata_keys, build, tok, texts)
 
 
 register_dataset("rw_paired", RewardPairDataset)

@@ -2,9 +2,43 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from realrl.impl.dataset.errors import DataError, check_token_ids
+
+BATCH_ROWS = 2048  # rows whose texts are tokenized in one batch call: fast, and bounded memory
+
+
+class BatchTokenizer:
+    """``tokenizer(text, add_special_tokens=...)["input_ids"]`` with the texts of a chunk of rows
+    tokenized ahead in one batch call (a fast tokenizer encodes a batch in Rust, on every core).
+
+    A dataset lists the texts its next rows will need (``prefetch``), then builds each row asking
+    for them one by one; a text that was not listed is tokenized alone, so a wrong or missing
+    hint costs time, never different ids. Each call returns a fresh list the caller may change.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._ids: dict[tuple[str, bool], list[int]] = {}
+
+    def prefetch(self, texts: Iterable[tuple[str, bool]]) -> None:
+        """Forget the previous chunk; tokenize these ``(text, add_special_tokens)`` in batches."""
+        self._ids = {}
+        pending: dict[bool, dict[str, None]] = {True: {}, False: {}}  # ordered, without repeats
+        for text, special in texts:
+            pending[special][text] = None
+        for special, batch in pending.items():
+            if batch:
+                out = self.tokenizer(list(batch), add_special_tokens=special)["input_ids"]
+                self._ids.update(zip([(t, special) for t in batch], out))
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._ids.get((text, add_special_tokens))
+        if ids is None:
+            return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        return list(ids)
 
 
 def is_conversational(value: Any) -> bool:
@@ -21,11 +55,12 @@ def check_messages(value: Any, name: str, where: str) -> list[dict]:
     return value
 
 
-def tokenize(tokenizer: Any, value: str | list[dict], add_generation_prompt: bool = False) -> list[int]:
+def tokenize(tok: BatchTokenizer, value: str | list[dict], add_generation_prompt: bool = False) -> list[int]:
     """Plain text through ``tokenizer(text)`` (with its special tokens, as TRL), messages through
-    the tokenizer's chat template."""
+    the tokenizer's chat template (one row at a time)."""
     if isinstance(value, str):
-        return list(tokenizer(value)["input_ids"])
+        return tok(value)
+    tokenizer = tok.tokenizer
     if getattr(tokenizer, "chat_template", None) is None:
         raise DataError("conversational rows need a tokenizer with a chat template; this one has none")
     out = tokenizer.apply_chat_template(
@@ -41,15 +76,15 @@ def eos_token_id(tokenizer: Any) -> int:
 
 
 def to_ids(
-    tokenizer: Any, value: Any, name: str, where: str, add_generation_prompt: bool = False
+    tok: BatchTokenizer, value: Any, name: str, where: str, add_generation_prompt: bool = False
 ) -> list[int]:
     """A field's token ids, whatever its form: text, chat messages, or already token ids."""
     if isinstance(value, str):
-        return tokenize(tokenizer, value)
+        return tok(value)
     if is_conversational(value):
         check_messages(value, name, where)
         try:
-            return tokenize(tokenizer, value, add_generation_prompt=add_generation_prompt)
+            return tokenize(tok, value, add_generation_prompt=add_generation_prompt)
         except DataError as e:
             raise DataError(f"{where}: field {name!r}: {e}") from e
     if (

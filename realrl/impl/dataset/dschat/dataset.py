@@ -18,6 +18,7 @@ from realrl.impl.dataset.dschat.split import phase_indices
 from realrl.impl.dataset.errors import DataError
 from realrl.impl.dataset.samples import paired_sample, prompt_sample, sft_sample
 from realrl.impl.dataset.sharding import shard_indices
+from realrl.impl.dataset.tokenize import BatchTokenizer
 
 
 def _source_list(sources: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -63,6 +64,7 @@ class DSChatDataset(SampleListDataset):
         if phase not in (1, 2, 3):
             raise ValueError(f"dschat: phase must be 1, 2 or 3, got {phase}")
         tokenizer = util.tokenizer
+        tok = BatchTokenizer(tokenizer)
         eot = end_of_conversation_token if end_of_conversation_token is not None else tokenizer.eos_token
         if eot is None:
             raise ValueError("dschat: the tokenizer has no EOS token; pass end_of_conversation_token")
@@ -95,39 +97,46 @@ class DSChatDataset(SampleListDataset):
                 raise Skip(f"longer than max_seq_len={max_seq_len}")
             return ids[:max_seq_len]
 
-        def encode(text: str, special: bool = True) -> list[int]:
-            return list(tokenizer(text, add_special_tokens=special)["input_ids"])
-
-        def build(item, where, id_, meta, dropped):
+        def texts(item) -> list[tuple[str, bool]]:
+            """What the item's phase tokenizes, as (text, add_special_tokens); Skip when missing."""
             raw, row = item["raw"], item["row"]
+            if phase == 1 and loss_on_prompt:
+                text = raw.get_prompt_and_chosen(row)
+                if text is None:
+                    raise Skip("no prompt or chosen text")
+                return [(text + eot, True)]
             if phase == 1:
-                if loss_on_prompt:
-                    text = raw.get_prompt_and_chosen(row)
-                    if text is None:
-                        raise Skip("no prompt or chosen text")
-                    return sft_sample(id_, [], fit(encode(text + eot)), loss_on_prompt=True)
                 prompt, chosen = raw.get_prompt(row), raw.get_chosen(row)
                 if prompt is None or chosen is None:
                     raise Skip("no prompt or chosen text")
-                p_ids = encode(prompt)
-                full = fit(p_ids + encode(chosen + eot, special=False))
-                if len(full) <= len(p_ids):
-                    raise Skip(f"prompt alone fills max_seq_len={max_seq_len}")
-                return sft_sample(id_, full[: len(p_ids)], full[len(p_ids) :])
+                return [(prompt, True), (chosen + eot, False)]
             if phase == 2:
                 chosen, rejected = raw.get_prompt_and_chosen(row), raw.get_prompt_and_rejected(row)
                 if chosen is None or rejected is None:
                     raise Skip("no chosen or rejected text")
-                return paired_sample(id_, [(fit(encode(chosen + eot)), fit(encode(rejected + eot)))])
+                return [(chosen + eot, True), (rejected + eot, True)]
             prompt = raw.get_prompt(row)
             if prompt is None:
                 raise Skip("no prompt text")
-            ids = encode(prompt)
-            if len(ids) > max_seq_len:
-                raise Skip(f"prompt longer than max_seq_len={max_seq_len}")
-            return prompt_sample(id_, ids)
+            return [(prompt, True)]
 
-        super().__init__(f"dschat phase {phase}", util, items, (), self._wrap_errors(build))
+        def build(item, where, id_, meta, dropped):
+            ids = [tok(text, special) for text, special in texts(item)]
+            if phase == 1 and loss_on_prompt:
+                return sft_sample(id_, [], fit(ids[0]), loss_on_prompt=True)
+            if phase == 1:
+                p_ids, answer_ids = ids
+                full = fit(p_ids + answer_ids)
+                if len(full) <= len(p_ids):
+                    raise Skip(f"prompt alone fills max_seq_len={max_seq_len}")
+                return sft_sample(id_, full[: len(p_ids)], full[len(p_ids) :])
+            if phase == 2:
+                return paired_sample(id_, [(fit(ids[0]), fit(ids[1]))])
+            if len(ids[0]) > max_seq_len:
+                raise Skip(f"prompt longer than max_seq_len={max_seq_len}")
+            return prompt_sample(id_, ids[0])
+
+        super().__init__(f"dschat phase {phase}", util, items, (), self._wrap_errors(build), tok, texts)
 
     @staticmethod
     def _wrap_errors(build):
