@@ -126,9 +126,10 @@ def tree_usage(proc) -> tuple[int, float]:
     return rss, cpu
 
 
-def run_measured(argv: list[str], log_path: str, interval: float = 0.05) -> dict:
+def run_measured(argv: list[str], log_path: str, threads: int | None = None, interval: float = 0.05) -> dict:
     """Run ``argv`` as a child; sample the RSS and CPU time of its whole process tree (realrl's
-    workers are its subprocesses) every ``interval`` s. Returns the peak summed RSS, the CPU-time
+    workers are its subprocesses) every ``interval`` s. ``threads`` sets OMP/MKL threads for the
+    whole tree (realrl's workers inherit the environment; torch reads it at start). Returns the peak summed RSS, the CPU-time
     series (to charge CPU seconds to each step), wall time and the load averages."""
     import psutil
 
@@ -137,7 +138,10 @@ def run_measured(argv: list[str], log_path: str, interval: float = 0.05) -> dict
     series: list[tuple[float, float]] = []
     peak = 0
     with open(log_path, "w") as log:
-        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        env = dict(os.environ)
+        if threads:
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         proc = psutil.Process(child.pid)
         while child.poll() is None:
             rss, cpu = tree_usage(proc)

@@ -16,7 +16,7 @@ RM, chosen + rejected of each pair; GRPO, generated tokens + tokens trained on (
 prompt + answer). Held-out scores come from ONE evaluator (realrl's toy evaluation) reading
 both sides' saved HF folders.
 
-    python benchmarks/bench_vs_trl.py [--quick] [--steps N] [--tasks rw,grpo] [--fileroot DIR]
+    python benchmarks/bench_vs_trl.py [--quick] [--steps N] [--tasks rw,grpo] [--threads 1] [--fileroot DIR]
 """
 
 from __future__ import annotations
@@ -83,12 +83,12 @@ def completion_length(side: str, result: dict) -> float:
     return statistics.fmean(vals)
 
 
-def measure(task: str, side: str, spec: BenchSpec, spec_path: str) -> dict:
+def measure(task: str, side: str, spec: BenchSpec, spec_path: str, threads: int | None) -> dict:
     out_path = os.path.join(spec.bench_dir, f"{side}_{task}.json")
     log_path = os.path.join(spec.bench_dir, f"{side}_{task}.log")
     argv = [python(), os.path.abspath(__file__), "--child", side, task, spec_path, out_path]
     print(f"  running {side} {task} (log: {log_path}) ...", flush=True)
-    proc = run_measured(argv, log_path)
+    proc = run_measured(argv, log_path, threads)
     with open(out_path) as f:
         result = json.load(f)
     result["cpu_step_s"] = cpu_per_step(proc.pop("cpu_series"), result["step_ends"])
@@ -183,6 +183,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--eval-prompts", type=int, default=None)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP/MKL threads of every process on both sides (0: torch's default). On 2 shared cores"
+        " 1 thread is ~3-4x faster than 2 for both sides (see docs/bench_vs_trl.md)",
+    )
     parser.add_argument("--child", nargs=4, metavar=("SIDE", "TASK", "SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     for task in tasks:
         res = {}
         for side in SIDES:
-            r = measure(task, side, spec, spec_path)
+            r = measure(task, side, spec, spec_path, args.threads)
             r["tokens_per_s"] = throughput(task, side, r, spec, shared)
             res[side] = r
         print(f"  evaluating {task} ...", flush=True)
