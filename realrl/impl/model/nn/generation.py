@@ -78,6 +78,7 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
     if min(prompt_lens) < 1:
         raise ValueError(f"generate() needs non-empty prompts; got prompt lengths {prompt_lens}")
     n_prompts, max_new = len(prompt_lens), g.max_new_tokens
+    model.check_length(max(prompt_lens) + max_new, "prompt + max_new_tokens")
     cache = KVCache(
         cfg.n_layers, n_prompts, cfg.n_kv_heads, max(prompt_lens) + max_new, cfg.head_dim, model.dtype, device
     )

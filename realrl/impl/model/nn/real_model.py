@@ -117,8 +117,17 @@ class ReaLModel(nn.Module):
         if cu_seqlens.device != input_ids.device:
             raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but input_ids on {input_ids.device}")
         meta = PackedMeta.from_cu_seqlens(cu_seqlens, input_ids.shape[0])
+        self.check_length(meta.max_seqlen, "a packed sequence")
         dropout = self.config.attn_pdrop if self.training else 0.0
         return PackedContext(meta, self._attn_impl_for(input_ids.device), dropout, **kw)
+
+    def check_length(self, length: int, what: str) -> None:
+        """Learned absolute positions (GPT-2) end at n_positions; rotary models extrapolate."""
+        if self.config.abs_position_embedding and length > self.config.n_positions:
+            raise ValueError(
+                f"{what} has {length} tokens but this model's learned positions stop at "
+                f"n_positions={self.config.n_positions}"
+            )
 
     def _attn_impl_for(self, device: torch.device) -> str:
         """The backend for inputs on ``device``, re-resolved when the device type changes: a model
