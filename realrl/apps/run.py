@@ -53,7 +53,8 @@ def run_prerequisites(cfg: CommonExperimentConfig) -> None:
 
 
 def run_one(cfg: CommonExperimentConfig) -> list[dict]:
-    """Launch ``cfg`` once; with ``recover_mode=auto`` retry a failed run ``recover_retries`` times."""
+    """Launch ``cfg``. ``recover_mode=resume`` continues from the run's last recover point;
+    ``auto`` restarts a failed run from its last recover point up to ``recover_retries`` times."""
     exp = cfg.initial_setup()
     os.makedirs(exp.run_dir, exist_ok=True)
     draw_graph(build_graph(exp.mfcs), os.path.join(exp.run_dir, "dataflow_graph.png"))
@@ -64,7 +65,13 @@ def run_one(cfg: CommonExperimentConfig) -> list[dict]:
         except ExperimentFailedError as e:
             if attempt == attempts:
                 raise
-            logger.error("run failed (attempt %d of %d): %s; restarting", attempt, attempts, e)
+            logger.error(
+                "run failed (attempt %d of %d): %s; resuming from the last recover point",
+                attempt,
+                attempts,
+                e,
+            )
+            exp.resume = True
     raise AssertionError("unreachable")
 
 

@@ -96,9 +96,11 @@ def experiment_config(
     models: dict[str, ModelSpec],
     datasets: list[DatasetAbstraction],
     tokenizer_path: str | None,
+    eval_datasets: list[DatasetAbstraction] | None = None,
     **extra: Any,
 ) -> ExperimentConfig:
     """The runtime's ExperimentConfig from the common options, the graph and the models."""
+    ctrl = common.exp_ctrl
     return ExperimentConfig(
         experiment_name=common.experiment_name,
         trial_name=common.trial_name,
@@ -109,8 +111,13 @@ def experiment_config(
         tokenizer_path=tokenizer_path,
         fileroot=common.fileroot,
         seed=common.seed,
-        total_train_epochs=common.exp_ctrl.total_train_epochs,
-        total_train_steps=common.exp_ctrl.total_train_steps,
+        total_train_epochs=ctrl.total_train_epochs,
+        total_train_steps=ctrl.total_train_steps,
+        save_freq_steps=ctrl.save_freq_steps,
+        ckpt_freq_steps=ctrl.ckpt_freq_steps,
+        eval_freq_steps=ctrl.eval_freq_steps,
+        eval_datasets=list(eval_datasets or []),
+        resume=common.recover_mode == "resume",
         import_modules=list(common.import_modules),
         device=common.resolved_device(),
         **extra,

@@ -45,10 +45,12 @@ class DPOConfig(CommonExperimentConfig):
 
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "dpo"
-        train_path, tokenizer, actor_path = self.dataset.train_path, self.tokenizer_path, self.actor.path
+        train_path, valid_path = self.dataset.train_path, self.dataset.valid_path
+        tokenizer, actor_path = self.tokenizer_path, self.actor.path
         if toy_mode(train_path):
             toy = ToyLayout(self.fileroot, self.seed)
-            train_path, tokenizer = toy.build()["rm_train"], toy.tokenizer
+            paths = toy.build()
+            train_path, valid_path, tokenizer = paths["rm_train"], paths["rm_valid"], toy.tokenizer
             actor_path = actor_path or toy.checkpoint("sft", "default")
         ref_path = self.ref.path or actor_path
         tokenizer = tokenizer or actor_path
@@ -84,7 +86,10 @@ class DPOConfig(CommonExperimentConfig):
             "actor": ModelSpec(actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True)),
             "ref": ModelSpec(ref.model(False, tokenizer_path=tokenizer), ref.backend(trainable=False)),
         }
-        return experiment_config(self, nodes, models, [self.dataset.abstraction(train_path)], tokenizer)
+        valid = [self.dataset.abstraction(valid_path)] if valid_path else []
+        return experiment_config(
+            self, nodes, models, [self.dataset.abstraction(train_path)], tokenizer, valid
+        )
 
 
 register_quickstart_exp("dpo", DPOConfig)

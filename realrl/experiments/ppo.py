@@ -17,7 +17,7 @@ from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
 from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, toy_mode
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
-from realrl.experiments.toy import ToyLayout
+from realrl.experiments.toy import ToyLayout, final_checkpoint
 from realrl.impl.interface.ppo_config import PPOHyperparameters
 
 PPO_DATASET_KEYS = ("packed_prompts",)
@@ -191,6 +191,37 @@ class PPOConfig(CommonExperimentConfig):
             reward_inputs,
         )
         return experiment_config(self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer)
+
+    def summarize(self) -> dict[str, Any]:
+        """On the toy task: held-out true reward of the SFT and the trained policy, the final KL
+        to the reference and the reward model's pair accuracy (TOY_TASK.md's figures)."""
+        if not toy_mode(self.dataset.path):
+            return {}
+        from realrl.experiments.toy_eval import evaluate_policy, reward_model_accuracy
+
+        toy = ToyLayout(self.fileroot, self.seed)
+        paths = toy.build()
+        sft = self.ref.path or toy.checkpoint("sft", "default")
+        actor = final_checkpoint(self.fileroot, self.experiment_name, self.trial_name, "actor")
+        gconfig = dataclasses.replace(self.ppo.gen, n=1)
+        before = evaluate_policy(sft, None, toy.tokenizer, paths["ppo_valid"], gconfig, seed=self.seed)
+        after = evaluate_policy(actor, sft, toy.tokenizer, paths["ppo_valid"], gconfig, seed=self.seed)
+        rm_accuracy = None
+        if self.reward_fn is None:
+            rm = self.rew.path or toy.checkpoint("rw", "default")
+            rm_accuracy = reward_model_accuracy(rm, toy.tokenizer, paths["rm_valid"], seed=self.seed)
+        return {
+            "sft_true_reward_mean": before.true_reward_mean,
+            "sft_true_reward_std": before.true_reward_std,
+            "true_reward_mean": after.true_reward_mean,
+            "true_reward_std": after.true_reward_std,
+            "gain_in_sft_std": (after.true_reward_mean - before.true_reward_mean)
+            / max(before.true_reward_std, 1e-8),
+            "rm_accuracy": rm_accuracy,
+            "kl": after.kl,
+            "no_eos_fraction": after.no_eos_fraction,
+            "samples": after.samples,
+        }
 
     @property
     def uses_critic(self) -> bool:

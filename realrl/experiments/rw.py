@@ -39,10 +39,12 @@ class RWConfig(CommonExperimentConfig):
 
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "rw"
-        train_path, tokenizer, path = self.dataset.train_path, self.tokenizer_path, self.model.path
+        train_path, valid_path = self.dataset.train_path, self.dataset.valid_path
+        tokenizer, path = self.tokenizer_path, self.model.path
         if toy_mode(train_path):
             toy = ToyLayout(self.fileroot, self.seed)
-            train_path, tokenizer = toy.build()["rm_train"], toy.tokenizer
+            paths = toy.build()
+            train_path, valid_path, tokenizer = paths["rm_train"], paths["rm_valid"], toy.tokenizer
             path = path or toy.checkpoint("sft", "default")
         model_cfg = dataclasses.replace(self.model, path=path)
         tokenizer = tokenizer or path
@@ -62,8 +64,9 @@ class RWConfig(CommonExperimentConfig):
             mb_spec=self.model.mb_spec(),
             log=True,
         )
+        valid = [self.dataset.abstraction(valid_path)] if valid_path else []
         return experiment_config(
-            self, [train], {"default": model}, [self.dataset.abstraction(train_path)], tokenizer
+            self, [train], {"default": model}, [self.dataset.abstraction(train_path)], tokenizer, valid
         )
 
 

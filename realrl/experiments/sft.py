@@ -35,11 +35,13 @@ class SFTConfig(CommonExperimentConfig):
 
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "sft"
-        train_path, tokenizer, default_model = self.dataset.train_path, self.tokenizer_path, None
+        train_path, valid_path = self.dataset.train_path, self.dataset.valid_path
+        tokenizer, default_model = self.tokenizer_path, None
         if not train_path:
             toy = ToyLayout(self.fileroot, self.seed)
             paths = toy.build()
-            train_path, tokenizer, default_model = paths["sft_train"], toy.tokenizer, toy.model_config()
+            train_path, valid_path = paths["sft_train"], paths["sft_valid"]
+            tokenizer, default_model = toy.tokenizer, toy.model_config()
         tokenizer = tokenizer or self.model.path
         model = ModelSpec(
             self.model.model(is_critic=False, default_config=default_model, tokenizer_path=tokenizer),
@@ -55,8 +57,9 @@ class SFTConfig(CommonExperimentConfig):
             mb_spec=self.model.mb_spec(),
             log=True,
         )
+        valid = [self.dataset.abstraction(valid_path)] if valid_path else []
         return experiment_config(
-            self, [train], {"default": model}, [self.dataset.abstraction(train_path)], tokenizer
+            self, [train], {"default": model}, [self.dataset.abstraction(train_path)], tokenizer, valid
         )
 
 

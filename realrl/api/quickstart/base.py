@@ -21,13 +21,14 @@ class ExperimentSaveEvalControl:
 
     total_train_epochs: int = 1
     total_train_steps: int | None = None  # stop after this many steps even mid-epoch
-    save_freq_steps: int | None = None  # None: save at the end only
-    eval_freq_steps: int | None = None  # None: evaluate at the end only
+    save_freq_steps: int | None = None  # HF checkpoints every N steps; always at the end
+    ckpt_freq_steps: int | None = None  # recover points (weights + optimizer + counters) every N steps
+    eval_freq_steps: int | None = None  # evaluate on the valid set every N steps; always at the end
 
     def __post_init__(self) -> None:
         if self.total_train_epochs < 1:
             raise ValueError(f"exp_ctrl.total_train_epochs must be >= 1, got {self.total_train_epochs}")
-        for name in ("total_train_steps", "save_freq_steps", "eval_freq_steps"):
+        for name in ("total_train_steps", "save_freq_steps", "ckpt_freq_steps", "eval_freq_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"exp_ctrl.{name} must be >= 1 or null, got {value}")
