@@ -41,10 +41,6 @@ class MLP(nn.Module):
         b = None if self.up.bias is None else torch.cat([self.gate.bias, self.up.bias])
         return w, b
 
-    def from_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down(self.act(gate) * up)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
             return self.down(self.act(self.gate(x)) * self.up(x))

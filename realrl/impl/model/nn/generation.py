@@ -13,6 +13,7 @@ import torch
 
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache
+from realrl.impl.model.nn.transformer_block import project
 from realrl.impl.model.utils.logits_warper import warp_logits
 
 
@@ -85,7 +86,6 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
     lens_t = torch.tensor(prompt_lens, device=device)
     rows = torch.repeat_interleave(torch.arange(n_prompts, device=device), lens_t)
     ctx.cache, ctx.cache_slots = cache, cache.slots(rows, ctx.meta.positions)
-    ctx.weight_cache = weights = {}
 
     # prefill: the head only runs on each prompt's last token
     h = model.hidden_states(input_ids, ctx)
@@ -95,6 +95,7 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
     lens = lens_t.repeat_interleave(n)
     max_len = max(prompt_lens)
 
+    weights: dict = {}  # decode-time weights, transposed once (see transformer_block.project)
     n_seqs = n_prompts * n
     live = torch.arange(n_seqs, device=device)  # row of the cache -> output sequence index
     out_tokens = torch.zeros(n_seqs, max_new, dtype=torch.long, device=device)
@@ -115,7 +116,8 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
                     break
                 live, tokens, lens = live[keep], tokens[keep], lens[keep]
                 cache.select(keep)
-        logits = model.head(model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights)))
+        h = model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights))
+        logits = project(h, weights, model.head, lambda: (model.head.weight, None))
         lens = lens + 1
         max_len += 1
     return _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos)

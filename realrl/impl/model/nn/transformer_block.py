@@ -39,27 +39,37 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, ctx) -> torch.Tensor:
         T, hq, hkv, d = x.shape[0], self.n_q, self.n_kv, self.head_dim
-        w, b = fused_weights(ctx, self, self.fused_qkv)
-        qkv = F.linear(x, w, b).view(T, hq + 2 * hkv, d)
+        qkv = project(x, ctx.weight_cache, self, self.fused_qkv).view(T, hq + 2 * hkv, d)
         qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
         if self.qk_layernorm:
             qk = torch.cat([self.q_ln(qk[:, :hq]), self.k_ln(qk[:, hq:])], dim=1)
         if rope is not None:  # q and k rotate together: one set of ops for both
             qk = apply_rotary(qk, *rope)
         out = ctx.attend(self.layer_idx, qk[:, :hq], qk[:, hq:], v, self.scale, self.window)
-        return self.o(out.reshape(T, hq * d))
+        return project(out.reshape(T, hq * d), ctx.weight_cache, self.o, _plain(self.o))
 
 
-def fused_weights(ctx, module: nn.Module, build):
-    """``build()``, or its copy cached on the context: generation fuses each weight once per call,
-    not once per decoding step (training rebuilds it so gradients reach the parameters)."""
-    cache = getattr(ctx, "weight_cache", None)
+def project(x: torch.Tensor, cache: dict | None, module: nn.Module, build) -> torch.Tensor:
+    """``x @ W.T + b`` for ``(W, b) = build()``.
+
+    With a ``cache`` (a decoding context's ``weight_cache``), W is transposed and made contiguous once
+    per generate call: for the few rows of a decoding step, ``x @ W_t`` with W_t laid out
+    [in, out] measured ~3x faster on CPU than ``F.linear`` on the [out, in] weight. Training and
+    prefill rebuild ``W`` each call so gradients reach the parameters.
+    """
     if cache is None:
-        return build()
+        w, b = build()
+        return F.linear(x, w, b)
     key = id(module)
     if key not in cache:
-        cache[key] = build()
-    return cache[key]
+        w, b = build()
+        cache[key] = (w.t().contiguous(), b)
+    wt, b = cache[key]
+    return x @ wt if b is None else torch.addmm(b, x, wt)
+
+
+def _plain(linear: nn.Linear):
+    return lambda: (linear.weight, linear.bias)
 
 
 class TransformerBlock(nn.Module):
@@ -81,10 +91,10 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope, ctx) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_ln(x), rope, ctx))
-        h = self.mlp_ln(x)
-        if self.mlp.gated:
-            w, b = fused_weights(ctx, self.mlp, self.mlp.fused_gate_up)
-            h = self.mlp.from_gate_up(F.linear(h, w, b))
+        h, mlp = self.mlp_ln(x), self.mlp
+        if mlp.gated:
+            gate, up = project(h, ctx.weight_cache, mlp, mlp.fused_gate_up).chunk(2, dim=-1)
+            h = mlp.act(gate) * up
         else:
-            h = self.mlp(h)
-        return x + self.resid_drop(h)
+            h = mlp.act(project(h, ctx.weight_cache, mlp.up, _plain(mlp.up)))
+        return x + self.resid_drop(project(h, ctx.weight_cache, mlp.down, _plain(mlp.down)))
