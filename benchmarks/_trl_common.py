@@ -83,6 +83,20 @@ def prepare(spec: BenchSpec) -> dict[str, str]:
     return paths
 
 
+def known_paths(spec: BenchSpec) -> dict[str, str]:
+    """The paths ``prepare`` wrote, without loading a tokenizer or building a model: what the
+    measured children use, so their memory holds only what each side itself needs."""
+    from realrl.experiments.toy import ToyLayout
+    from realrl.impl.dataset.toy.corpus import toy_paths
+
+    paths = toy_paths(ToyLayout(spec.fileroot, spec.seed).data_dir)
+    paths.update({n: os.path.join(spec.bench_dir, n) for n in ("init_lm", "init_rm")})
+    missing = [p for p in paths.values() if not os.path.exists(p)]
+    if missing:
+        raise FileNotFoundError(f"bench_vs_trl: run prepare() first; missing {missing}")
+    return paths
+
+
 def rw_tokens_per_pair(train_path: str, tokenizer_path: str, max_seqlen: int, limit: int = 4000) -> float:
     """Mean real (unpadded) tokens of chosen + rejected, tokenized as both sides do
     (prompt + answer + EOS, TRL's recipe that realrl's rw_paired follows)."""
@@ -106,24 +120,28 @@ def rw_tokens_per_pair(train_path: str, tokenizer_path: str, max_seqlen: int, li
 # ---------------------------------------------------------------------------------- measuring
 
 
-def tree_usage(proc) -> tuple[int, float]:
-    """(RSS bytes, CPU seconds) of a process and all its descendants (ones that vanished: 0)."""
+def tree_usage(proc) -> tuple[int, float, dict[int, tuple[str, int]]]:
+    """(RSS bytes, CPU seconds, {pid: (name, RSS)}) of a process and all its descendants
+    (ones that vanished meanwhile count 0)."""
     import psutil
 
-    rss, cpu = 0, 0.0
+    rss, cpu, per = 0, 0.0, {}
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0, 0.0
+        return 0, 0.0, {}
     for p in procs:
         try:
             with p.oneshot():
-                rss += p.memory_info().rss
+                r = p.memory_info().rss
                 t = p.cpu_times()
-                cpu += t.user + t.system
+                name = " ".join(p.cmdline()[1:3])[-60:]
         except psutil.NoSuchProcess:
-            pass
-    return rss, cpu
+            continue
+        rss += r
+        cpu += t.user + t.system
+        per[p.pid] = (name, r)
+    return rss, cpu, per
 
 
 def run_measured(argv: list[str], log_path: str, threads: int | None = None, interval: float = 0.05) -> dict:
@@ -137,6 +155,7 @@ def run_measured(argv: list[str], log_path: str, threads: int | None = None, int
     start = time.time()
     series: list[tuple[float, float]] = []
     peak = 0
+    per_peak: dict[int, tuple[str, int]] = {}
     with open(log_path, "w") as log:
         env = dict(os.environ)
         if threads:
@@ -144,8 +163,10 @@ def run_measured(argv: list[str], log_path: str, threads: int | None = None, int
         child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         proc = psutil.Process(child.pid)
         while child.poll() is None:
-            rss, cpu = tree_usage(proc)
+            rss, cpu, per = tree_usage(proc)
             peak = max(peak, rss)
+            for pid, (name, r) in per.items():
+                per_peak[pid] = (name, max(r, per_peak.get(pid, (name, 0))[1]))
             series.append((time.time(), cpu))
             time.sleep(interval)
     if child.returncode != 0:
@@ -154,6 +175,7 @@ def run_measured(argv: list[str], log_path: str, threads: int | None = None, int
         raise RuntimeError(f"{' '.join(argv)} exited with {child.returncode}; log {log_path}:\n{tail}")
     return {
         "peak_rss_mb": peak / 2**20,
+        "peak_rss_mb_per_process": {f"{pid} {n}": r / 2**20 for pid, (n, r) in per_peak.items()},
         "process_wall_s": time.time() - start,
         "load_before": load_before[0],
         "load_after": os.getloadavg()[0],

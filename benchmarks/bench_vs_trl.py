@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _trl_common import (  # noqa: E402
     BenchSpec,
     cpu_per_step,
+    known_paths,
     prepare,
     python,
     run_measured,
@@ -49,7 +50,7 @@ def child_main(side: str, task: str, spec_path: str, out_path: str) -> None:
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
     spec = BenchSpec.load(spec_path)
-    paths = prepare(spec)
+    paths = known_paths(spec)
     if side == "realrl":
         import _trl_real as runner
     else:
@@ -119,6 +120,32 @@ def throughput(task: str, side: str, r: dict, spec: BenchSpec, shared: dict) -> 
         r["completion_len"] = answer
     r["tokens_per_step"] = tokens
     return tokens / r["step_s"]
+
+
+def _per_process(r: dict) -> str:
+    return ", ".join(
+        f"{name.split(' ')[-1][:30]} {mb:.0f}" for name, mb in r["peak_rss_mb_per_process"].items()
+    )
+
+
+def grpo_breakdown(res: dict[str, dict], spec: BenchSpec) -> list[tuple[str, str]]:
+    """Where a GRPO step goes on each side: realrl's per-MFC seconds; TRL's per-optimizer-step
+    ``step_time`` log, split into the round's first step (generation, rewards, old and ref
+    log-probs, one update) and the other updates."""
+    updates = spec.ppo_epochs * spec.ppo_minibatches
+    times = [log["step_time"] for log in res["trl"]["logs"] if "step_time" in log]
+    rounds = [times[i : i + updates] for i in range(updates, len(times), updates)] or [times[:updates]]
+    first = statistics.median(r[0] for r in rounds)
+    rest = statistics.median(t for r in rounds for t in r[1:])
+    mfc = res["realrl"].get("mfc_seconds", {})
+    train = mfc.get("actor_train", float("nan"))
+    return [
+        (
+            "TRL step_time: generation step / each other update, s",
+            f"{first:.3f} / {rest:.3f} (x{updates - 1})",
+        ),
+        ("realrl actor_train per update, s", f"{train / updates:.3f} (x{updates})"),
+    ]
 
 
 def _fmt(x, digits=3) -> str:
@@ -238,8 +265,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"{res['realrl']['torch_threads']} / {res['trl']['torch_threads']}",
             ),
         ]
+        extra.append(("peak RSS per process, realrl, MB", _per_process(res["realrl"])))
         if task == "grpo":
             import _trl_eval
+
+            extra += grpo_breakdown(res, spec)
 
             base, base_std = _trl_eval.policy_true_reward(paths["init_lm"], spec, paths)
             extra.append(("true reward of the initial policy", f"{base:.3f} ± {base_std:.2f}"))
@@ -254,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         for side in SIDES:
             res[side].pop("records", None)
             res[side].pop("logs", None)
+            res[side].pop("step_ends", None)
         all_results[task] = res
     with open(os.path.join(spec.bench_dir, "results.json"), "w") as f:
         json.dump(all_results, f, indent=1, default=str)
