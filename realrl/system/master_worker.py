@@ -23,6 +23,7 @@ from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
 from realrl.system.function_call import TagCounter, post_all, run_call, run_guarded
 from realrl.system.protocol import (
+    EvaluateRequest,
     FetchRequest,
     InitializeRequest,
     LoadRecoverRequest,
@@ -210,6 +211,7 @@ class MasterWorker:
                 cfg.timeouts.request,
             )
             if self.trained.get(mfc.role) == mfc.name:
+                await self._evaluate(mfc, step)
                 await self._save(mfc, step + 1)
             done = self.buffer.finish(mfc.name, result.ids)
             if done:
@@ -220,6 +222,23 @@ class MasterWorker:
             self.progress.calls_done[mfc.name] += 1
             self._maybe_finish_step(step)
             self.progress.notify()
+
+    async def _evaluate(self, mfc: MFCDef, step: int) -> None:
+        """Evaluate ``mfc``'s model on every dp rank's shard; the mean goes into this step's record."""
+        cfg = self.config
+        last = step + 1 == self.total_steps
+        if not cfg.eval_datasets or not (
+            last or (cfg.eval_freq_steps and (step + 1) % cfg.eval_freq_steps == 0)
+        ):
+            return
+        workers = cfg.allocations[mfc.role]
+        req = EvaluateRequest(mfc.role, mfc.name)
+        replies = await post_all(self.stream, dict.fromkeys(workers, req), "evaluate", cfg.timeouts.request)
+        keys = sorted({k for r in replies.values() for k in r})
+        record = self.records[step]
+        for k in keys:
+            values = [r[k] for r in replies.values() if k in r]
+            record[f"{mfc.name}/{k}"] = sum(values) / len(values)
 
     async def _save(self, mfc: MFCDef, steps_done: int) -> None:
         """Checkpoints of ``mfc``'s model after its training call of step ``steps_done - 1``; they

@@ -27,6 +27,7 @@ from realrl.base.name_resolve import NameRecordRepository
 from realrl.system import checkpointing, names
 from realrl.system.data_transfer import TensorStore, run_transfers
 from realrl.system.protocol import (
+    EvaluateRequest,
     FetchReply,
     FetchRequest,
     InitializeRequest,
@@ -106,6 +107,7 @@ class ModelWorker(WorkerBase):
         self.interfaces: dict[str, model_api.ModelInterface] = {}
         self.dp_groups: dict[str, dist.ProcessGroup | None] = {}
         self.loader: ShardLoader | None = None
+        self.eval_batches: dict[str, list[SequenceSample]] = {}
         self.tokenizer = None
         self.handlers = {
             "setup": self.setup,
@@ -115,6 +117,7 @@ class ModelWorker(WorkerBase):
             "clear": self.clear,
             "save": self.save,
             "load_recover": self.load_recover,
+            "evaluate": self.evaluate,
         }
 
     def describe_state(self) -> str:
@@ -150,6 +153,7 @@ class ModelWorker(WorkerBase):
                 self.dp_groups[role] = group
         if cfg.tokenizer_path:
             self.tokenizer = data_api.load_hf_tokenizer(cfg.tokenizer_path)
+        self._load_eval_data()
         if cfg.dataset_dp_rank is None:
             return SetupReply(None)
         datasets = [
@@ -166,6 +170,22 @@ class ModelWorker(WorkerBase):
             len(dataset),
         )
         return SetupReply(len(dataset))
+
+    def _load_eval_data(self) -> None:
+        """Each dp rank of a trained model keeps its shard of the evaluation sets, in batches."""
+        cfg = self.config
+        trained = {m.role for m in cfg.mfcs if m.interface_type is ModelInterfaceType.TRAIN_STEP}
+        for shard in cfg.shards:
+            if shard.role not in trained or not cfg.eval_datasets:
+                continue
+            samples = []
+            for d in cfg.eval_datasets:
+                dataset = data_api.make_dataset(d, cfg.seed, shard.dp_rank, shard.dp_size, self.tokenizer)
+                samples += [dataset[i] for i in range(len(dataset))]
+            n = cfg.eval_batch_size
+            self.eval_batches[shard.role] = [
+                SequenceSample.gather(samples[i : i + n]) for i in range(0, len(samples), n)
+            ]
 
     def initialize(self, req: InitializeRequest) -> None:
         cfg = self.config
@@ -208,6 +228,11 @@ class ModelWorker(WorkerBase):
         else:
             raise ValueError(f"unknown checkpoint kind {req.kind!r}")
         logger.info("%s saved %s (%s) to %s", self.name, req.role, req.kind, req.path)
+
+    def evaluate(self, req: EvaluateRequest) -> dict[str, float]:
+        batches = self.eval_batches.get(req.role, [])
+        stats = self.interfaces[req.interface].evaluate(self.models[req.role], batches)
+        return _float_stats(stats, req.interface)
 
     def load_recover(self, req: LoadRecoverRequest) -> None:
         for role, path in sorted(req.paths.items()):

@@ -46,6 +46,12 @@ class SaveRequest:
 
 
 @dataclasses.dataclass
+class EvaluateRequest:
+    role: str
+    interface: str  # the MFC whose interface evaluates the model
+
+
+@dataclasses.dataclass
 class LoadRecoverRequest:
     paths: dict[str, str]  # role -> recover folder, for the trained roles
 

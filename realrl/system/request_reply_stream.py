@@ -21,7 +21,6 @@ import uuid
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from realrl.base import logging
 
@@ -105,59 +104,77 @@ class MasterStream:
     def __init__(self, codec: Codec, host: str = "127.0.0.1", name: str = "master"):
         self.codec = codec
         self.name = name
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an unknown peer raises
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.LINGER, 0)
         port = self.sock.bind_to_random_port(f"tcp://{host}")
-        # Sends go through a blocking shadow of the same socket: immediate, ordered, and an
-        # unknown peer raises here rather than inside a future nobody awaits.
-        self._sync = zmq.Socket.shadow(self.sock.underlying)
         self.address = f"tcp://{host}:{port}"
         self.pending: dict[str, tuple[str, str, asyncio.Future]] = {}
         self.hello: set[str] = set()
         self.last_seen: dict[str, float] = {}
         self.n_refused = 0
-        self._recv_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick: asyncio.Task | None = None
 
     def start(self) -> None:
-        """Start receiving (call inside the running event loop)."""
-        if self._recv_task is None:
-            self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
+        """Start receiving (call inside the running event loop).
 
-    async def _recv_loop(self) -> None:
+        ZMQ's file descriptor is edge-triggered and every send may swallow a read edge, so the
+        socket is drained (until ``EVENTS`` shows nothing to read) on each wake-up, after each
+        send, and every 50 ms as a safety net: a reply can never sit unread.
+        """
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+            self._tick = self._loop.create_task(self._tick_loop())
+            self._loop.call_soon(self._drain)
+
+    async def _tick_loop(self) -> None:
         while True:
-            frames = await self.sock.recv_multipart()
-            identity, frames = frames[0], frames[1:]
-            try:
-                msg = self.codec.decode(frames)
-            except Exception as e:  # noqa: BLE001 - any undecodable message is refused, never fatal
-                self.n_refused += 1
-                logger.warning("refused a message from %r: %s", identity[:64], e)
-                continue
-            self.last_seen[msg.sender] = time.monotonic()
-            if msg.kind == "heartbeat":
-                self._send(identity.decode(), Message("pong", self.name))
-            elif msg.kind == "hello":
-                self.hello.add(msg.sender)
-            elif msg.kind == "reply":
-                entry = self.pending.pop(msg.request_id, None)
-                if entry is None:
-                    logger.warning("reply to unknown request %s from %s", msg.request_id, msg.sender)
-                    continue
-                worker, handler, fut = entry
-                if fut.done():
-                    continue
-                if msg.error is not None:
-                    fut.set_exception(WorkerError(worker, handler, msg.error))
-                else:
-                    fut.set_result(msg.data)
+            await asyncio.sleep(0.05)
+            self._drain()
+
+    def _drain(self) -> None:
+        while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._handle(self.sock.recv_multipart(zmq.NOBLOCK))
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity, frames = frames[0], frames[1:]
+        try:
+            msg = self.codec.decode(frames)
+        except Exception as e:  # noqa: BLE001 - any undecodable message is refused, never fatal
+            self.n_refused += 1
+            logger.warning("refused a message from %r: %s", identity[:64], e)
+            return
+        self.last_seen[msg.sender] = time.monotonic()
+        if msg.kind == "heartbeat":
+            self._send(identity.decode(), Message("pong", self.name))
+        elif msg.kind == "hello":
+            self.hello.add(msg.sender)
+        elif msg.kind == "reply":
+            entry = self.pending.pop(msg.request_id, None)
+            if entry is None:
+                logger.warning("reply to unknown request %s from %s", msg.request_id, msg.sender)
+                return
+            worker, handler, fut = entry
+            if fut.done():
+                return
+            if msg.error is not None:
+                fut.set_exception(WorkerError(worker, handler, msg.error))
+            else:
+                fut.set_result(msg.data)
+
+    def _send_frames(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames)
+        if self._loop is not None:
+            self._loop.call_soon(self._drain)  # the send may have consumed a read edge
 
     def _send(self, identity: str, msg: Message) -> None:
         try:
-            self._sync.send_multipart([identity.encode(), *self.codec.encode(msg)])
+            self._send_frames([identity.encode(), *self.codec.encode(msg)])
         except zmq.ZMQError as e:
             logger.warning("cannot send %s to %s: %s", msg.kind, identity, e)
 
@@ -168,7 +185,7 @@ class MasterStream:
         self.pending[rid] = (worker, handler, fut)
         msg = Message("request", self.name, handler, rid, data)
         try:
-            self._sync.send_multipart([worker.encode(), *self.codec.encode(msg)])
+            self._send_frames([worker.encode(), *self.codec.encode(msg)])
         except zmq.ZMQError as e:
             self.pending.pop(rid, None)
             fut.set_exception(WorkerLostError(worker, f"cannot send {handler!r} to it ({e})"))
@@ -201,8 +218,10 @@ class MasterStream:
         ]
 
     def close(self) -> None:
-        if self._recv_task is not None:
-            self._recv_task.cancel()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self.sock.getsockopt(zmq.FD))
+        if self._tick is not None:
+            self._tick.cancel()
         for _, _, fut in self.pending.values():
             if not fut.done():
                 fut.cancel()

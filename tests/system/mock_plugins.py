@@ -140,6 +140,10 @@ class Train(model_api.ModelInterface):
             "n_seqs": float(t[1]),
         }
 
+    def evaluate(self, model, eval_dataloader) -> dict[str, float]:
+        batches = list(eval_dataloader)
+        return {"eval_n": float(sum(b.bs for b in batches)), "eval_batches": float(len(batches))}
+
     def state_dict(self) -> dict:
         return {"calls": self.calls}
 

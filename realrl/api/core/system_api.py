@@ -98,6 +98,8 @@ class ModelWorkerConfig:
     import_modules: list[str]
     timeouts: Timeouts
     name_resolve: NameResolveConfig
+    eval_datasets: list[DatasetAbstraction]
+    eval_batch_size: int
     bind_host: str | None  # None: the node's address (ray mode on a cluster)
     device: str = "cpu"
 
@@ -136,6 +138,9 @@ class ExperimentConfig:
     save_freq_steps: int | None = None  # HF checkpoints of trained models every N steps (always at the end)
     ckpt_freq_steps: int | None = None  # recover points (weights + optimizer + counters) every N steps
     resume: bool = False  # continue from the latest recover point under run_dir, if there is one
+    eval_datasets: list[DatasetAbstraction] = dataclasses.field(default_factory=list)
+    eval_freq_steps: int | None = None  # evaluate trained models every N steps (always at the end)
+    eval_batch_size: int | None = None  # samples per evaluation batch; default n_seqs
     import_modules: list[str] = dataclasses.field(default_factory=list)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     device: str = "cpu"
@@ -193,7 +198,13 @@ class ExperimentConfig:
             raise ValueError(f"every MFC must use the same n_seqs (one batch per step), got {n_seqs}")
         if self.total_train_epochs < 1:
             raise ValueError(f"total_train_epochs must be >= 1, got {self.total_train_epochs}")
-        for name in ("total_train_steps", "save_freq_steps", "ckpt_freq_steps"):
+        for name in (
+            "total_train_steps",
+            "save_freq_steps",
+            "ckpt_freq_steps",
+            "eval_freq_steps",
+            "eval_batch_size",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
@@ -264,6 +275,8 @@ class ExperimentConfig:
                     import_modules=list(self.import_modules),
                     timeouts=self.timeouts,
                     name_resolve=name_resolve,
+                    eval_datasets=list(self.eval_datasets),
+                    eval_batch_size=self.eval_batch_size or self.batch_size,
                     bind_host=bind_host,
                     device=self.device,
                 )
