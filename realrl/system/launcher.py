@@ -156,6 +156,12 @@ class RayLauncher:
     def start(self, configs: list[ModelWorkerConfig]) -> None:
         import ray
 
+        total = ray.cluster_resources().get("CPU", 0.0)
+        if self.cpus * len(configs) > total:
+            raise RuntimeError(
+                f"{len(configs)} model workers x {self.cpus} CPU each do not fit the Ray cluster's {total:g} CPUs: "
+                "the actors would wait forever; lower ray_cpus_per_worker or grow the cluster"
+            )
         actor_cls = ray.remote(RayWorkerActor)
         os.makedirs(self.log_dir, exist_ok=True)
         for cfg in configs:

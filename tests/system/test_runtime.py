@@ -168,3 +168,11 @@ def test_ctrl_c_stops_every_worker_and_exits_nonzero(tmp_path):
     assert proc.returncode == 130, out.decode()[-2000:]
     assert b"interrupted" in out
     assert alive(pids.values()) == []
+
+
+def test_ray_workers_that_cannot_be_scheduled_fail_at_once(tmp_path, ray_cluster):
+    cfg = mock_config(tmp_path, "too-big", total_train_steps=1)
+    tik = time.monotonic()
+    with pytest.raises(ExperimentFailedError, match="do not fit the Ray cluster's 4 CPUs"):
+        run_experiment(cfg, "ray", ray_cpus_per_worker=3)
+    assert time.monotonic() - tik < 30  # not after the connect timeout
