@@ -35,6 +35,8 @@ def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
         out.append(f"ray_address={cfg.ray_address}")
     if ":" not in cfg.allocation_mode and cfg.allocation_mode != "manual":
         out.append(f"allocation_mode={cfg.allocation_mode}")
+    if cfg.prerequisite_overrides:
+        out.append(f"prerequisite_overrides=[{','.join(cfg.prerequisite_overrides)}]")
     return out
 
 
@@ -43,7 +45,7 @@ def run_prerequisites(cfg: CommonExperimentConfig) -> None:
     from realrl.apps.quickstart import build_config
 
     for name, extra in getattr(cfg, "prerequisites", lambda: [])():
-        pre = build_config(name, _shared_overrides(cfg) + extra)
+        pre = build_config(name, _shared_overrides(cfg) + extra + list(cfg.prerequisite_overrides))
         if has_checkpoint(final_checkpoint(pre.fileroot, pre.experiment_name, pre.trial_name, "default")):
             logger.info("reusing the %s checkpoint under %s", name, pre.run_dir)
             continue
@@ -88,7 +90,7 @@ def run_quickstart(name: str, cfg: CommonExperimentConfig) -> dict:
     )
     summary: dict = {"experiment": name, "steps": len(records)}
     if records:
-        summary.update({k: v for k, v in records[-1].items() if isinstance(v, float)})
+        summary.update({k: v for k, v in records[-1].items() if "/" in k and isinstance(v, float)})
     summary.update(getattr(cfg, "summarize", lambda: {})())
     summary["wall_seconds"] = round(time.time() - start, 1)
     stats.write_summary(run_dir, summary)

@@ -56,6 +56,8 @@ class CommonExperimentConfig:
     recover_retries: int = 1
     wandb_project: str | None = None
     import_modules: list[str] = dataclasses.field(default_factory=list)  # plugins: modules or .py files
+    # key=value overrides for the phases a toy run builds on (e.g. ["exp_ctrl.total_train_steps=3"])
+    prerequisite_overrides: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, RUN_MODES)
