@@ -5,6 +5,7 @@ process whose whole process tree is sampled for RSS)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import statistics
@@ -42,11 +43,17 @@ class BenchSpec:
     grad_clip: float = 1.0
     # held-out evaluation
     eval_prompts: int = 800
-    eval_pairs: int | None = None  # None: every held-out pair
+    # None: both sides start from the same random weights; else an HF checkpoint folder (e.g. the
+    # toy SFT model) whose body both sides start from (the RM head is drawn from ``seed``)
+    init: str | None = None
 
     @property
     def bench_dir(self) -> str:
-        return os.path.join(os.path.abspath(self.fileroot), "bench_vs_trl")
+        root = os.path.join(os.path.abspath(self.fileroot), "bench_vs_trl")
+        if self.init is None:
+            return root
+        tag = hashlib.sha1(os.path.abspath(self.init).encode()).hexdigest()[:8]
+        return os.path.join(root, f"init-{tag}")
 
     def save(self, path: str) -> None:
         with open(path, "w") as f:
@@ -59,9 +66,10 @@ class BenchSpec:
 
 
 def prepare(spec: BenchSpec) -> dict[str, str]:
-    """The toy data (built once per seed), and the SAME random initial weights for both sides:
-    ``init_lm`` (policy) and ``init_rm`` (the same body with a scalar head), both HF llama folders
-    holding the toy tokenizer. TRL reads the RM head from ``critic_head.safetensors``."""
+    """The toy data (built once per seed), and the SAME initial weights for both sides: ``init_lm``
+    (policy) and ``init_rm`` (the same body with a scalar head), both HF llama folders holding the
+    toy tokenizer, random from ``seed`` or read from ``spec.init``. TRL reads the RM head from
+    ``critic_head.safetensors``."""
     import torch
 
     from realrl.api.core.data_api import load_hf_tokenizer
@@ -78,8 +86,12 @@ def prepare(spec: BenchSpec) -> dict[str, str]:
         if os.path.isfile(os.path.join(out, "config.json")):
             continue
         torch.manual_seed(spec.seed)  # same seed: init_rm's body equals init_lm's
-        cfg = ReaLModelConfig(**ToyLayout.model_config(), is_critic=is_critic)
-        ReaLModel(cfg, dtype=torch.float32).save_pretrained(out, tokenizer)
+        if spec.init is None:
+            cfg = ReaLModelConfig(**ToyLayout.model_config(), is_critic=is_critic)
+            model = ReaLModel(cfg, dtype=torch.float32)
+        else:
+            model = ReaLModel.from_pretrained(spec.init, is_critic=is_critic, dtype=torch.float32)
+        model.save_pretrained(out, tokenizer)
     return paths
 
 

@@ -56,8 +56,7 @@ def grpo_overrides(spec: BenchSpec, paths: dict[str, str]) -> list[str]:
             f"dataset.train_bs_n_seqs={spec.grpo_prompts}",  # one sample = one prompt (x n answers)
             f"dataset.max_prompt_len={spec.max_prompt_len}",
             "reward_fn=toy_sentiment",
-            # workers import realrl.impl, which (at ce0d53b) does not import the toy package that
-            # registers "toy_sentiment": name it so the worker registers it
+            # registers "toy_sentiment" in the workers also where realrl.impl does not (before 9f6d952)
             "import_modules=[realrl.impl.dataset.toy]",
             f"ppo.gen.n={spec.grpo_n}",
             f"ppo.gen.max_new_tokens={spec.max_new_tokens}",

@@ -211,6 +211,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--eval-prompts", type=int, default=None)
     parser.add_argument(
+        "--init",
+        default=None,
+        help="HF checkpoint both sides start from (e.g. the toy SFT model under"
+        " <fileroot>/sft/toy-seed1/checkpoints/default/final); default: random weights",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -223,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
         child_main(*args.child)
         return
 
-    spec = BenchSpec(fileroot=args.fileroot, seed=args.seed, rw_steps=30, grpo_steps=8)
+    spec = BenchSpec(fileroot=args.fileroot, seed=args.seed, rw_steps=30, grpo_steps=8, init=args.init)
     if args.quick:
         spec.rw_steps, spec.grpo_steps, spec.eval_prompts = 8, 3, 200
     if args.steps is not None:
@@ -252,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
             res[side].update(evaluate(task, side, res[side], spec, paths))
         extra = [
             ("steps", str(spec.rw_steps if task == "rw" else spec.grpo_steps)),
+            ("initial weights", spec.init or f"random (seed {spec.seed})"),
             (
                 "load avg (1 min) before/after, realrl",
                 f"{res['realrl']['load_before']:.1f} / {res['realrl']['load_after']:.1f}",
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
             extra += grpo_breakdown(res, spec)
 
             base, base_std = _trl_eval.policy_true_reward(paths["init_lm"], spec, paths)
-            extra.append(("true reward of the initial policy", f"{base:.3f} ± {base_std:.2f}"))
+            extra.append(("held-out true reward of the initial policy", f"{base:.3f} ± {base_std:.2f}"))
         mfc = res["realrl"].get("mfc_seconds", {})
         extra.append(
             (
