@@ -113,8 +113,8 @@ class TensorStore:
 
 
 def _wire(t: torch.Tensor) -> torch.Tensor:
-    """gloo moves no bool tensors: ship them as bytes."""
-    t = t.contiguous()
+    """What goes over gloo: CPU memory (gloo has no CUDA point-to-point), bools as bytes."""
+    t = t.detach().cpu().contiguous()
     return t.view(torch.uint8) if t.dtype == torch.bool else t
 
 
