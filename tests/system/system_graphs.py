@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import psutil
 
@@ -88,6 +89,14 @@ def alive(pids) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def wait_all_exited(pids, timeout: float = 10.0) -> list[int]:
+    """The pids still alive after ``timeout`` s (Ray kills actors asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
 
 
 def deterministic(stats: list[dict]) -> list[dict]:

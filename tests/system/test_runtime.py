@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from system_graphs import alive, deterministic, mock_config, single_call_config, worker_pids
+from system_graphs import alive, deterministic, mock_config, single_call_config, wait_all_exited, worker_pids
 
 from realrl.api.core.config import DatasetAbstraction, ModelInterfaceAbstraction
 from realrl.apps.main import ExperimentFailedError, run_experiment
@@ -88,24 +88,24 @@ def test_ray_mode_gives_the_same_stats_as_local(local_run, tmp_path, ray_cluster
     assert deterministic(ray_stats) == deterministic(stats)
     pids = worker_pids(cfg)
     assert len(pids) == 2
-    deadline = time.monotonic() + 10
-    while alive(pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert alive(pids.values()) == []
+    assert wait_all_exited(pids.values()) == []
 
 
-def test_interface_exception_reaches_the_master_with_its_traceback(tmp_path):
-    cfg = single_call_config(tmp_path, "raise", "sys_test_raise")
+@pytest.mark.parametrize("mode", ["local", "ray"])
+def test_interface_exception_reaches_the_master_with_its_traceback(tmp_path, mode, request):
+    if mode == "ray":  # ReaL's users: "Ray does not propagate worker errors"
+        request.getfixturevalue("ray_cluster")
+    cfg = single_call_config(tmp_path, f"raise-{mode}", "sys_test_raise")
     tik = time.monotonic()
     with pytest.raises(ExperimentFailedError) as info:
-        run_experiment(cfg, "local")
+        run_experiment(cfg, mode)
     message = str(info.value)
     assert info.value.worker in ("model_worker/0", "model_worker/1")
     assert "ValueError: boom from the mock interface" in message
     assert "Traceback" in message and "mock_plugins.py" in message and "in inference" in message
     assert "last lines of model_worker/" in message
     assert time.monotonic() - tik < 60
-    assert alive(worker_pids(cfg).values()) == []
+    assert wait_all_exited(worker_pids(cfg).values()) == []
 
 
 def _kill_when_running(cfg, victim: str, signum=signal.SIGKILL):
@@ -136,10 +136,7 @@ def test_killing_a_worker_stops_the_run_naming_it(tmp_path, mode, request):
     assert info.value.worker == "model_worker/1"
     assert "model_worker/1" in str(info.value) and "last lines of model_worker/1's log" in str(info.value)
     pids = worker_pids(cfg)
-    deadline = time.monotonic() + 10
-    while alive(pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert alive(pids.values()) == []
+    assert wait_all_exited(pids.values()) == []
 
 
 def test_ctrl_c_stops_every_worker_and_exits_nonzero(tmp_path):
