@@ -119,7 +119,7 @@ class PPOConfig(CommonExperimentConfig):
     def prerequisites(self) -> list[tuple[str, list[str]]]:
         if not toy_mode(self.dataset.path):
             return []
-        return [("sft", []), ("rw", [])] if self.reward_fn is None else [("sft", [])]
+        return [("sft", []), ("rw", [])] if self.uses_reward_model else [("sft", [])]
 
     def _reward_spec(
         self, tokenizer: str | None, path: str | None
@@ -147,7 +147,8 @@ class PPOConfig(CommonExperimentConfig):
             toy = ToyLayout(self.fileroot, self.seed)
             prompts, tokenizer = toy.build()["ppo_train"], toy.tokenizer
             actor_path = actor_path or toy.checkpoint("sft", "default")
-            rew_path = rew_path or toy.checkpoint("rw", "default")
+            if self.uses_reward_model:
+                rew_path = rew_path or toy.checkpoint("rw", "default")
         ref_path = ref_path or actor_path
         critic_path = (
             critic_path or rew_path or actor_path
@@ -156,7 +157,7 @@ class PPOConfig(CommonExperimentConfig):
         ppo = {"ppo": dataclasses.asdict(self.ppo)}
         actor_iface = ModelInterfaceAbstraction(self._actor_interface(), ppo)
         critic_iface = ModelInterfaceAbstraction("ppo_critic", ppo)
-        reward_spec, reward_iface = self._reward_spec(tokenizer, rew_path)
+        reward_spec, reward_iface = self.reward_spec(tokenizer, rew_path)
         actor = dataclasses.replace(self.actor, path=actor_path)
         ref = dataclasses.replace(self.ref, path=ref_path)
         critic = dataclasses.replace(self.critic, path=critic_path)
@@ -207,7 +208,7 @@ class PPOConfig(CommonExperimentConfig):
         before = evaluate_policy(sft, None, toy.tokenizer, paths["ppo_valid"], gconfig, seed=self.seed)
         after = evaluate_policy(actor, sft, toy.tokenizer, paths["ppo_valid"], gconfig, seed=self.seed)
         rm_accuracy = None
-        if self.reward_fn is None:
+        if self.uses_reward_model:
             rm = self.rew.path or toy.checkpoint("rw", "default")
             rm_accuracy = reward_model_accuracy(rm, toy.tokenizer, paths["rm_valid"], seed=self.seed)
         return {
@@ -222,6 +223,11 @@ class PPOConfig(CommonExperimentConfig):
             "no_eos_fraction": after.no_eos_fraction,
             "samples": after.samples,
         }
+
+    @property
+    def uses_reward_model(self) -> bool:
+        """A trained reward model scores the rollouts (not a reward function or custom interface)."""
+        return self.reward_fn is None
 
     @property
     def uses_critic(self) -> bool:
