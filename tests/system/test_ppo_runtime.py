@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
-from system_graphs import alive, deterministic, worker_pids
+from system_graphs import alive, deterministic, wait_all_exited, worker_pids
 
 from realrl.api.core.config import DatasetAbstraction, ModelAbstraction, ModelBackendAbstraction
 from realrl.api.core.config import ModelInterfaceAbstraction as Impl
@@ -96,5 +97,10 @@ def test_ppo_two_steps_local_and_ray_give_identical_stats(ppo_files, tmp_path, r
         assert actor_stats and critic_stats, record
         assert all(math.isfinite(v) for v in [*actor_stats.values(), *critic_stats.values()])
     assert alive(worker_pids(local_cfg).values()) == []
-    ray_stats = run_experiment(ppo_config(tmp_path, "ray", tokenizer, prompts), "ray")
+    ray_cfg = ppo_config(tmp_path, "ray", tokenizer, prompts)
+    ray_stats = run_experiment(ray_cfg, "ray")
     assert deterministic(ray_stats) == deterministic(local)
+    assert wait_all_exited(worker_pids(ray_cfg).values()) == []
+    # the trained models were saved as HF checkpoints at the end
+    for role in ("actor", "critic"):
+        assert os.path.isfile(os.path.join(ray_cfg.run_dir, "checkpoints", role, "final", "config.json"))
