@@ -24,13 +24,14 @@ from realrl.api.core.data_api import SequenceSample, load_hf_tokenizer, make_dat
 from realrl.experiments.toy import ToyLayout
 
 
-def best_time(fn, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
+def best_time(fn, repeats: int) -> tuple[float, float, object]:
+    """Best wall seconds of ``repeats`` runs, the CPU seconds (all threads) of that run, the result."""
+    best, out = (float("inf"), 0.0), None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
+    return best[0], best[1], out
 
 
 def dschat_source(paths: dict[str, str], root: str) -> str:
@@ -63,23 +64,28 @@ def main() -> None:
         (f"dschat phase {p}", {"sources": {"local/jsonfile": local}, "phase": p, "max_seq_len": 512})
         for p in (1, 2, 3)
     ]
-    print(f"{'dataset':<16} {'items':>7} {'rows':>7} {'seconds':>8} {'rows/s':>9}")
+    print(
+        f"{'dataset':<16} {'items':>7} {'rows':>7} {'wall s':>8} {'cpu s':>7} {'rows/s':>9} {'rows/cpu-s':>10}"
+    )
     items = {}
     for name, kw in cases:
         type_ = name.split()[0]
-        secs, ds = best_time(
+        secs, cpu, ds = best_time(
             lambda type_=type_, kw=kw: make_dataset(DatasetAbstraction(type_, kw), 1, 0, 1, tokenizer),
             args.repeats,
         )
         items[name] = ds
-        print(f"{name:<16} {len(ds):>7} {ds.n_rows:>7} {secs:>8.3f} {ds.n_rows / secs:>9.0f}")
+        rate, cpu_rate = ds.n_rows / secs, ds.n_rows / max(cpu, 1e-9)
+        print(
+            f"{name:<16} {len(ds):>7} {ds.n_rows:>7} {secs:>8.3f} {cpu:>7.3f} {rate:>9.0f} {cpu_rate:>10.0f}"
+        )
 
-    print(f"\n{'gather':<26} {'seconds':>8} {'items/s':>9}")
+    print(f"\n{'gather':<26} {'wall s':>8} {'items/s':>9}")
     for name in ("prompt_answer", "rw_paired"):
         ds = items[name]
         for n in (64, 1024, len(ds)):
             samples = [ds[i] for i in range(n)]
-            secs, _ = best_time(lambda samples=samples: SequenceSample.gather(samples), args.repeats)
+            secs, _, _ = best_time(lambda samples=samples: SequenceSample.gather(samples), args.repeats)
             print(f"{f'{name} x{n}':<26} {secs:>8.4f} {n / secs:>9.0f}")
 
 

@@ -18,7 +18,7 @@ import torch
 
 from realrl.api.core.config import DatasetAbstraction
 from realrl.base import datapack, logging
-from realrl.base.registry import Registry
+from realrl.base.registry import Registry, UnknownNameError
 
 logger = logging.getLogger("data_api")
 
@@ -200,13 +200,21 @@ class SequenceSample:
                 raise ValueError(
                     f"key {k!r}: seqlens has {len(self.seqlens[k])} samples but there are {bs} ids"
                 )
+        self._validate_metadata()
+        if self.data is None:
+            return
+        if set(self.data) != keys:
+            raise ValueError(f"SequenceSample.data keys {sorted(self.data)} differ from keys {sorted(keys)}")
+        self._validate_tensors()
+
+    def _validate_metadata(self) -> None:
+        bs = self.bs
         for k, v in self.metadata.items():
             if len(v) != bs:
                 raise ValueError(f"metadata {k!r} has {len(v)} entries but there are {bs} ids")
-        if self.data is None:
-            return
-        if self.data.keys() != keys:
-            raise ValueError(f"SequenceSample.data keys {sorted(self.data)} differ from keys {sorted(keys)}")
+
+    def _validate_tensors(self) -> None:
+        """Each tensor against its key's seqlens, trailing shape and dtype."""
         for k, t in self.data.items():
             if t is None:
                 continue
@@ -241,12 +249,13 @@ class SequenceSample:
         per_seq = [[int(s)] if isinstance(s, int) else list(map(int, s)) for s in seqlens]
         lens: dict[str, list[list[int]]] = {}
         for k in data:
-            if k not in _KEY_SPECS:
+            try:
+                length = _KEY_SPECS.get(k).length
+            except UnknownNameError:
                 raise ValueError(
                     f"from_default: key {k!r} has no KeySpec; declare it with "
                     f"register_key_spec({k!r}, kind, dtype) (registered: {registered_keys()})"
-                )
-            length = _KEY_SPECS.get(k).length
+                ) from None
             lens[k] = [list(map(length, row)) for row in per_seq]
         parts = dict(
             keys=set(data),
@@ -258,8 +267,11 @@ class SequenceSample:
         )
         if any(row and min(row) < 0 for row in per_seq):
             return cls(**parts, metadata=metadata or {})  # __post_init__ names the negative length
+        # Keys, seqlens, shapes and dtypes agree by construction; check what the caller gave.
         x = cls._from_canonical(**parts, metadata={k: list(v) for k, v in (metadata or {}).items()})
-        x._validate()
+        _check_unique_ids(x.ids)
+        x._validate_metadata()
+        x._validate_tensors()
         return x
 
     @classmethod

@@ -128,7 +128,7 @@ def _text_pairs(tok: BatchTokenizer, row: dict, where: str, fields: PreferenceFi
             check_messages(r, fields.rejected, where)
             out.append((tokenize(tok, prefix + c), tokenize(tok, prefix + r)))
         return out
-    texts = _pair_texts(chosen, rejected, prompt, tok.tokenizer.eos_token, where, fields)
+    texts = _pair_texts(chosen, rejected, prompt, tok.eos_token, where, fields)
     return [(tok(c), tok(r)) for c, r in texts]
 
 

@@ -56,7 +56,7 @@ class RewardPairDataset(SampleListDataset):
         self.has_margins: bool | None = None
 
         def texts(row):
-            return [(t, True) for t in preference_texts(row, fields, util.tokenizer.eos_token)]
+            return [(t, True) for t in preference_texts(row, fields, tok.eos_token)]
 
         def build(row, where, id_, meta, dropped):
             if self.has_margins is None:  # decided by the first row, like TRL's collator

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from realrl.api.core.data_api import KeyKind, SequenceSample, register_key_spec
@@ -12,6 +13,12 @@ from realrl.api.core.data_api import KeyKind, SequenceSample, register_key_spec
 # Per-pair preference margin, repeated on the chosen and the rejected sequence of its pair so it
 # lines up with the per-sequence ``rewards`` of a reward model: margin_j = margins[2j] = margins[2j+1].
 register_key_spec("margins", KeyKind.SEQUENCE, torch.float32)
+
+
+def _long(ids: Sequence[int]) -> torch.Tensor:
+    """An int64 tensor of token ids; through numpy, which reads a list of ints a few times faster
+    than ``torch.tensor`` (the same values and dtype)."""
+    return torch.from_numpy(np.array(ids, dtype=np.int64))
 
 
 def _meta(metadata: dict[str, Any] | None) -> dict[str, list[Any]]:
@@ -28,13 +35,12 @@ def sft_sample(
     """``packed_input_ids`` = prompt + answer; ``prompt_mask`` is 1 on the prompt, or all 0 when the
     loss covers every token (the seed's phase 1)."""
     ids = list(prompt_ids) + list(answer_ids)
-    mask = torch.zeros(len(ids), dtype=torch.bool)
-    if not loss_on_prompt:
-        mask[: len(prompt_ids)] = True
+    n_prompt = 0 if loss_on_prompt else len(prompt_ids)
+    mask = torch.from_numpy(np.arange(len(ids)) < n_prompt)
     return SequenceSample.from_default(
         ids=[id_],
         seqlens=[len(ids)],
-        data={"packed_input_ids": torch.tensor(ids, dtype=torch.long), "prompt_mask": mask},
+        data={"packed_input_ids": _long(ids), "prompt_mask": mask},
         metadata=_meta(metadata),
     )
 
@@ -49,7 +55,7 @@ def paired_sample(
     if not pairs:
         raise ValueError(f"sample {id_!r}: a reward-modeling sample needs at least one pair")
     seqs = [list(s) for pair in pairs for s in pair]
-    data = {"packed_input_ids": torch.tensor([t for s in seqs for t in s], dtype=torch.long)}
+    data = {"packed_input_ids": _long([t for s in seqs for t in s])}
     if margins is not None:
         if len(margins) != len(pairs):
             raise ValueError(f"sample {id_!r}: {len(margins)} margins for {len(pairs)} pairs")
@@ -66,7 +72,7 @@ def prompt_sample(
     return SequenceSample.from_default(
         ids=[id_],
         seqlens=[len(prompt_ids)],
-        data={"packed_prompts": torch.tensor(list(prompt_ids), dtype=torch.long)},
+        data={"packed_prompts": _long(list(prompt_ids))},
         metadata=_meta(metadata),
     )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from realrl.impl.dataset.errors import DataError, check_token_ids
 
-BATCH_ROWS = 2048  # rows whose texts are tokenized in one batch call: fast, and bounded memory
+BATCH_ROWS = 256  # rows whose texts are tokenized in one batch call (larger batches are no faster)
 
 
 class BatchTokenizer:
@@ -21,6 +21,7 @@ class BatchTokenizer:
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
+        self.eos_token: str | None = tokenizer.eos_token  # read once: a slow attribute in transformers 5
         self._ids: dict[tuple[str, bool], list[int]] = {}
 
     def prefetch(self, texts: Iterable[tuple[str, bool]]) -> None:
@@ -31,7 +32,12 @@ class BatchTokenizer:
             pending[special][text] = None
         for special, batch in pending.items():
             if batch:
-                out = self.tokenizer(list(batch), add_special_tokens=special)["input_ids"]
+                out = self.tokenizer(
+                    list(batch),
+                    add_special_tokens=special,
+                    return_attention_mask=False,  # input_ids only: less to convert per text
+                    return_token_type_ids=False,
+                )["input_ids"]
                 self._ids.update(zip([(t, special) for t in batch], out))
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> list[int]:
