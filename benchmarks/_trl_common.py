@@ -186,6 +186,7 @@ def run_measured(argv: list[str], log_path: str, threads: int | None = None, int
             tail = f.read()[-3000:]
         raise RuntimeError(f"{' '.join(argv)} exited with {child.returncode}; log {log_path}:\n{tail}")
     return {
+        "t_start": start,
         "peak_rss_mb": peak / 2**20,
         "peak_rss_mb_per_process": {f"{pid} {n}": r / 2**20 for pid, (n, r) in per_peak.items()},
         "process_wall_s": time.time() - start,

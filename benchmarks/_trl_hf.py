@@ -28,7 +28,7 @@ def _step_clock():
     return StepClock()
 
 
-def _shared_args(spec: BenchSpec, out_dir: str, lr: float, max_steps: int) -> dict:
+def _shared_args(spec: BenchSpec, out_dir: str, lr: float, max_steps: int, log_every: int = 1) -> dict:
     return dict(
         output_dir=out_dir,
         max_steps=max_steps,
@@ -46,7 +46,7 @@ def _shared_args(spec: BenchSpec, out_dir: str, lr: float, max_steps: int) -> di
         fp16=False,
         use_cpu=True,
         disable_dropout=True,
-        logging_steps=1,
+        logging_steps=log_every,  # once per realrl step, as realrl logs
         save_strategy="no",
         report_to=[],
         seed=spec.seed,
@@ -127,7 +127,7 @@ def run_grpo(spec: BenchSpec, paths: dict[str, str], out_dir: str) -> dict:
         epsilon=0.2,
         scale_rewards="group",
         use_vllm=False,
-        **_shared_args(spec, out_dir, spec.grpo_lr, spec.grpo_steps * updates_per_step),
+        **_shared_args(spec, out_dir, spec.grpo_lr, spec.grpo_steps * updates_per_step, updates_per_step),
     )
     clock = _step_clock()
     trainer = GRPOTrainer(
@@ -145,6 +145,7 @@ def run_grpo(spec: BenchSpec, paths: dict[str, str], out_dir: str) -> dict:
     rounds = clock.ends[updates_per_step - 1 :: updates_per_step]  # end of each generation round
     out = summarize_steps(rounds, start)
     out.update({"train_wall_s": wall, "checkpoint": os.path.join(out_dir, "final"), "logs": clock.logs})
+    out["update_ends"] = clock.ends  # every optimizer step: splits a round into generation and updates
     return out
 
 

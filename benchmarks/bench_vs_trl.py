@@ -93,6 +93,7 @@ def measure(task: str, side: str, spec: BenchSpec, spec_path: str, threads: int 
     with open(out_path) as f:
         result = json.load(f)
     result["cpu_step_s"] = cpu_per_step(proc.pop("cpu_series"), result["step_ends"])
+    result["startup_s"] = result["step_ends"][0] - proc["t_start"]  # child start to first step done
     result.update(proc)
     return result
 
@@ -129,19 +130,20 @@ def _per_process(r: dict) -> str:
 
 
 def grpo_breakdown(res: dict[str, dict], spec: BenchSpec) -> list[tuple[str, str]]:
-    """Where a GRPO step goes on each side: realrl's per-MFC seconds; TRL's per-optimizer-step
-    ``step_time`` log, split into the round's first step (generation, rewards, old and ref
-    log-probs, one update) and the other updates."""
+    """Where a GRPO step goes on each side: realrl's per-MFC seconds; TRL's optimizer steps
+    (wall time between step ends), split into the round's first step (generation, rewards, old
+    and ref log-probs, one update) and the other updates."""
     updates = spec.ppo_epochs * spec.ppo_minibatches
-    times = [log["step_time"] for log in res["trl"]["logs"] if "step_time" in log]
-    rounds = [times[i : i + updates] for i in range(updates, len(times), updates)] or [times[:updates]]
-    first = statistics.median(r[0] for r in rounds)
-    rest = statistics.median(t for r in rounds for t in r[1:])
+    ends = res["trl"]["update_ends"]
+    gaps = [b - a for a, b in zip(ends, ends[1:])]
+    rounds = [gaps[i : i + updates] for i in range(updates - 1, len(gaps), updates)]  # rounds 2..
+    first = statistics.median(r[0] for r in rounds) if rounds else float("nan")
+    rest = statistics.median(t for r in rounds for t in r[1:]) if rounds else float("nan")
     mfc = res["realrl"].get("mfc_seconds", {})
     train = mfc.get("actor_train", float("nan"))
     return [
         (
-            "TRL step_time: generation step / each other update, s",
+            "TRL: generation step / each other update (median), s",
             f"{first:.3f} / {rest:.3f} (x{updates - 1})",
         ),
         ("realrl actor_train per update, s", f"{train / updates:.3f} (x{updates})"),
@@ -168,7 +170,7 @@ def table(task: str, res: dict[str, dict], extra_rows: list[tuple[str, str]]) ->
         ("step time, s (median)", "step_s", "time"),
         ("CPU time per step, s (whole tree)", "cpu_step_s", "time"),
         ("tokens/s", "tokens_per_s", "rate"),
-        ("first step incl. warm-up, s", "first_step_s", "time"),
+        ("start-up: process start to first step done, s", "startup_s", "time"),
         ("process wall (start-up..exit), s", "process_wall_s", "time"),
         ("peak RSS, process tree, MB", "peak_rss_mb", "mem"),
     ]
@@ -292,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             res[side].pop("records", None)
             res[side].pop("logs", None)
             res[side].pop("step_ends", None)
+            res[side].pop("update_ends", None)
         all_results[task] = res
     with open(os.path.join(spec.bench_dir, "results.json"), "w") as f:
         json.dump(all_results, f, indent=1, default=str)
