@@ -31,6 +31,8 @@ CURVES = {
 def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
     """What a prerequisite phase inherits: where to write, the seed, how to launch."""
     out = [f"fileroot={cfg.fileroot}", f"seed={cfg.seed}", f"mode={cfg.mode}", f"device={cfg.device}"]
+    if cfg.torch_threads:
+        out.append(f"torch_threads={cfg.torch_threads}")
     if cfg.ray_address:
         out.append(f"ray_address={cfg.ray_address}")
     if ":" not in cfg.allocation_mode and cfg.allocation_mode != "manual":

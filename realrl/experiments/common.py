@@ -120,6 +120,7 @@ def experiment_config(
         resume=common.recover_mode == "resume",
         import_modules=list(common.import_modules),
         device=common.resolved_device(),
+        torch_threads=common.torch_threads,
         **extra,
     )
 

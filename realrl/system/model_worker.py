@@ -146,6 +146,7 @@ class ModelWorker(WorkerBase):
         cfg = self.config
         import_plugins(cfg.import_modules)
         seeding.set_random_seed(cfg.seed, cfg.worker_index)
+        torch.set_num_threads(cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.n_model_workers))
         self._init_process_group()
         for role, workers in sorted(req.dp_groups.items()):  # every rank creates every group, same order
             group = dist.new_group(sorted(workers)) if len(workers) > 1 else None

@@ -102,6 +102,7 @@ class ModelWorkerConfig:
     eval_batch_size: int
     bind_host: str | None  # None: the node's address (ray mode on a cluster)
     device: str = "cpu"
+    torch_threads: int | None = None  # None: this machine's cores shared evenly by the workers on it
 
     @property
     def worker_name(self) -> str:
@@ -144,6 +145,7 @@ class ExperimentConfig:
     import_modules: list[str] = dataclasses.field(default_factory=list)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     device: str = "cpu"
+    torch_threads: int | None = None  # CPU threads per worker; None: cores // workers on the machine
 
     def __post_init__(self) -> None:
         if not self.mfcs:
@@ -199,6 +201,7 @@ class ExperimentConfig:
         if self.total_train_epochs < 1:
             raise ValueError(f"total_train_epochs must be >= 1, got {self.total_train_epochs}")
         for name in (
+            "torch_threads",
             "total_train_steps",
             "save_freq_steps",
             "ckpt_freq_steps",
@@ -279,6 +282,7 @@ class ExperimentConfig:
                     eval_batch_size=self.eval_batch_size or self.batch_size,
                     bind_host=bind_host,
                     device=self.device,
+                    torch_threads=self.torch_threads,
                 )
             )
         return configs

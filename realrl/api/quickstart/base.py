@@ -51,6 +51,7 @@ class CommonExperimentConfig:
     allocation_mode: str = "d1"
     seed: int = 1
     device: str = "auto"
+    torch_threads: int | None = None  # CPU threads per model worker; default: cores // workers
     exp_ctrl: ExperimentSaveEvalControl = dataclasses.field(default_factory=ExperimentSaveEvalControl)
     recover_mode: str = "disabled"
     recover_retries: int = 1
@@ -63,6 +64,8 @@ class CommonExperimentConfig:
         check_choice("mode", self.mode, RUN_MODES)
         check_choice("recover_mode", self.recover_mode, RECOVER_MODES)
         check_choice("device", self.device, DEVICES)
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be >= 1 or null, got {self.torch_threads}")
         if self.recover_retries < 0:
             raise ValueError(f"recover_retries must be >= 0, got {self.recover_retries}")
         for name in ("experiment_name", "trial_name"):
