@@ -44,17 +44,17 @@ SIDES = ("realrl", "trl")
 
 def child_main(side: str, task: str, spec_path: str, out_path: str) -> None:
     """Inside the measured child: train one side on one task, write its figures as JSON."""
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
     spec = BenchSpec.load(spec_path)
     paths = known_paths(spec)
     if side == "realrl":
         import _trl_real as runner
-    else:
+    else:  # only the TRL side imports these: the realrl master's memory is its own
         import _trl_hf as runner
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.logging.set_verbosity_error()
     result = runner.run(task, spec, paths)
     import torch
 
