@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Hashable, Sequence
+from itertools import accumulate, chain
 from typing import Any
 
 import torch
@@ -312,12 +313,13 @@ class SequenceSample:
             data = {}
             for k in keys:
                 parts = [s.data[k] for s in samples]
-                if any(p is None for p in parts):
-                    if not all(p is None for p in parts):
-                        raise ValueError(f"gather: key {k!r} is None in some samples only")
-                    data[k] = None
-                else:
+                present = [p for p in parts if p is not None]
+                if len(present) == len(parts):
                     data[k] = torch.cat(parts, dim=0)
+                elif present:
+                    raise ValueError(f"gather: key {k!r} is None in some samples only")
+                else:
+                    data[k] = None
         ids = [i for s in samples for i in s.ids]
         _check_unique_ids(ids)
         return cls._from_canonical(
@@ -325,7 +327,8 @@ class SequenceSample:
             trailing_shapes=shapes0,
             dtypes=dtypes0,
             ids=ids,
-            seqlens={k: [list(r) for s in samples for r in s.seqlens[k]] for k in keys},
+            # fresh row lists, as __post_init__ would make: the batch never aliases its items' rows
+            seqlens={k: list(map(list, chain.from_iterable([s.seqlens[k] for s in samples]))) for k in keys},
             data=data,
             metadata={m: [v for s in samples for v in s.metadata[m]] for m in set(meta_keys)},
         )
@@ -338,10 +341,7 @@ class SequenceSample:
 
     def sample_offsets(self, key: str) -> list[int]:
         """Start row of each sample in ``data[key]``, plus the total at the end."""
-        offsets = [0]
-        for row in self.seqlens[key]:
-            offsets.append(offsets[-1] + sum(row))
-        return offsets
+        return list(accumulate(map(sum, self.seqlens[key]), initial=0))
 
     def flat_seqlens(self, key: str) -> list[int]:
         """Lengths of every sequence of ``key`` in packing order."""
@@ -356,37 +356,44 @@ class SequenceSample:
         """Tokens per sample: the largest total over keys (what a micro-batch budget counts)."""
         return [max((sum(self.seqlens[k][i]) for k in self.keys), default=0) for i in range(self.bs)]
 
-    def _slice(self, start: int, end: int) -> SequenceSample:
+    def _offsets(self) -> dict[str, list[int]]:
+        """``sample_offsets`` of every key holding a tensor, computed once for many slices."""
+        if self.data is None:
+            return {}
+        return {k: self.sample_offsets(k) for k, t in self.data.items() if t is not None}
+
+    def _slice(self, start: int, end: int, offsets: dict[str, list[int]] | None = None) -> SequenceSample:
+        """Samples ``start:end``. A slice of a valid sample is valid: it is wrapped, not re-checked."""
+        if offsets is None:
+            offsets = self._offsets()
         data = None
         if self.data is not None:
-            data = {}
-            for k, t in self.data.items():
-                if t is None:
-                    data[k] = None
-                    continue
-                off = self.sample_offsets(k)
-                data[k] = t[off[start] : off[end]]
-        return SequenceSample(
+            data = {
+                k: None if t is None else t[offsets[k][start] : offsets[k][end]] for k, t in self.data.items()
+            }
+        return SequenceSample._from_canonical(
             keys=set(self.keys),
             trailing_shapes=dict(self.trailing_shapes),
             dtypes=dict(self.dtypes),
             ids=self.ids[start:end],
             seqlens={k: [list(r) for r in v[start:end]] for k, v in self.seqlens.items()},
             data=data,
-            metadata={k: v[start:end] for k, v in self.metadata.items()},
+            metadata={k: list(v[start:end]) for k, v in self.metadata.items()},
         )
 
     def unpack(self) -> list[SequenceSample]:
         """One single-sample ``SequenceSample`` per id."""
-        return [self._slice(i, i + 1) for i in range(self.bs)]
+        offsets = self._offsets()
+        return [self._slice(i, i + 1, offsets) for i in range(self.bs)]
 
     def split_with_lengths(self, lens: Sequence[int]) -> list[SequenceSample]:
         """Contiguous pieces of ``lens[j]`` samples each."""
         if sum(lens) != self.bs or any(n <= 0 for n in lens):
             raise ValueError(f"split_with_lengths: {list(lens)} must be positive and sum to {self.bs}")
+        offsets = self._offsets()
         pieces, start = [], 0
         for n in lens:
-            pieces.append(self._slice(start, start + n))
+            pieces.append(self._slice(start, start + n, offsets))
             start += n
         return pieces
 
@@ -395,7 +402,8 @@ class SequenceSample:
         bounds = datapack.partition_under_budget(
             self.token_counts(), mb_spec.n_mbs, mb_spec.max_tokens_per_mb
         )
-        return [self._slice(s, e) for s, e in bounds]
+        offsets = self._offsets()
+        return [self._slice(s, e, offsets) for s, e in bounds]
 
     def select(self, keys: Sequence[str]) -> SequenceSample:
         """A sample with only ``keys`` (tensors are shared, not copied)."""
