@@ -260,8 +260,8 @@ class ModelWorker(WorkerBase):
             (self.config.seed * 1_000_003 + zlib.crc32(mfc.name.encode()) + call.step) % 2**31, call.dp_rank
         )
         if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
+            # the interface advances model.version (PPO may step the optimizer several times)
             stats = interface.train_step(model, data, mfc.mb_spec)
-            model.inc_version()
             return MFCReply(stats=_float_stats(stats, mfc.name))
         if mfc.interface_type is ModelInterfaceType.GENERATE:
             out = interface.generate(model, data, mfc.mb_spec)

@@ -133,6 +133,7 @@ class Train(model_api.ModelInterface):
         mean_reward = float(t[0] / t[1])
         with torch.no_grad():
             model.module.w += self.lr * mean_reward
+        model.inc_version()  # interfaces own the version counter
         return {
             "reward": mean_reward,
             "w": float(model.module.w.detach()),

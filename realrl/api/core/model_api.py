@@ -189,6 +189,8 @@ class ModelInterface:
         raise self._unsupported("inference")
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec=None) -> dict[str, float]:
+        """Update the model on ``data`` and advance ``model.version`` (once per optimizer step
+        that LR schedules should count); return scalar stats."""
         raise self._unsupported("train_step")
 
     def evaluate(self, model: Model, eval_dataloader) -> dict[str, float]:
