@@ -136,3 +136,32 @@ def test_sample_categorical_follows_the_distribution():
     assert (freq - probs[0]).abs().max() < 0.03
     assert freq[1] == 0  # zero-probability tokens are never drawn
     assert torch.all(draws[:, 1] == 2)
+
+
+def _save_tokenizer(folder) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>"] + [f"w{i}" for i in range(20)]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(
+        folder
+    )
+
+
+def test_factories_load_tokenizers(tmp_path):
+    _save_tokenizer(tmp_path / "tok")
+    cfg = dict(n_layers=1, n_q_heads=2, n_kv_heads=2, hidden_dim=16, intermediate_dim=32, vocab_size=22)
+    m = make_model(
+        ModelAbstraction("real_model", {"config": cfg, "tokenizer_path": str(tmp_path / "tok")}), "actor"
+    )
+    assert m.tokenizer.eos_token_id == 1 and m.module.config.vocab_size == 22
+    # a checkpoint saved with its tokenizer brings it along
+    m.module.save_pretrained(str(tmp_path / "ckpt"), tokenizer=m.tokenizer)
+    again = make_model(
+        ModelAbstraction("real_model", {"path": str(tmp_path / "ckpt"), "dtype": "bf16"}), "ref"
+    )
+    assert again.tokenizer.eos_token_id == 1 and again.module.dtype == torch.bfloat16
+    null = make_model(ModelAbstraction("null", {"tokenizer_path": str(tmp_path / "tok")}), "reward")
+    assert null.module is None and null.tokenizer.decode([2, 3]) == "w0 w1"
