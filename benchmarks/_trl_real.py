@@ -3,13 +3,25 @@ in-process from override strings and launched with ``run_experiment`` (master + 
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 
 from _trl_common import TRIAL, BenchSpec, summarize_steps
 
 
+def _threads() -> list[str]:
+    """The parent's ``--threads`` (OMP_NUM_THREADS) as realrl's per-worker ``torch_threads``, where
+    realrl has that option (else the workers inherit the environment variable)."""
+    from realrl.api.quickstart.base import CommonExperimentConfig
+
+    n = os.environ.get("OMP_NUM_THREADS")
+    has = "torch_threads" in {f.name for f in dataclasses.fields(CommonExperimentConfig)}
+    return [f"torch_threads={n}"] if n and has else []
+
+
 def _common(spec: BenchSpec, steps: int) -> list[str]:
-    return [
+    return _threads() + [
         f"fileroot={spec.fileroot}",
         f"seed={spec.seed}",
         f"trial_name={TRIAL}",
