@@ -121,9 +121,10 @@ class PPOConfig(CommonExperimentConfig):
             return []
         return [("sft", []), ("rw", [])] if self.uses_reward_model else [("sft", [])]
 
-    def _reward_spec(
+    def reward_spec(
         self, tokenizer: str | None, path: str | None
     ) -> tuple[ModelSpec, ModelInterfaceAbstraction]:
+        """The reward role's model and the interface of ``rew_inf``: a hook subclasses override."""
         if self.reward_fn is not None:
             model = ModelAbstraction("null", {"tokenizer_path": tokenizer} if tokenizer else {})
             iface = ModelInterfaceAbstraction(
