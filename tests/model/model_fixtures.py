@@ -46,6 +46,7 @@ HF_CONFIGS = {
         num_key_value_heads=2,
         vocab_size=VOCAB,
         max_position_embeddings=256,
+        rope_parameters={"rope_theta": 20000.0, "rope_type": "linear", "factor": 2.0},
     ),
     "qwen3": lambda: transformers.Qwen3Config(
         hidden_size=64,
