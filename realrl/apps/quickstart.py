@@ -34,7 +34,8 @@ def toy_overrides(config_cls: type, overrides: list[str]) -> list[str]:
     """The toy task's preset when the user names no dataset path (else nothing)."""
     if any(_override_key(o) in DATA_PATH_KEYS for o in overrides):
         return []
-    return list(getattr(config_cls, "TOY_PRESET", [])) + ["trial_name=toy-seed${seed}"]
+    # the toy model is tiny: one thread per worker beats several (per-op overhead dominates)
+    return ["torch_threads=1"] + list(getattr(config_cls, "TOY_PRESET", [])) + ["trial_name=toy-seed${seed}"]
 
 
 def preset_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:

@@ -98,6 +98,7 @@ class PPOConfig(CommonExperimentConfig):
     # scale the reward model's score to mean 0 / std 1 on the first (SFT-policy) batch (seed 002 RM detail 3)
     normalize_reward_on_first_batch: bool = True
     critic_head_init: str = "reward"  # reward | zeros: the head a critic gets when loaded from an LM
+    toy_eval_prompts: int = 800  # held-out prompts the toy task's summary samples
     tokenizer_path: str | None = None
 
     TOY_PRESET: ClassVar[list[str]] = [
@@ -206,8 +207,9 @@ class PPOConfig(CommonExperimentConfig):
         sft = self.ref.path or toy.checkpoint("sft", "default")
         actor = final_checkpoint(self.fileroot, self.experiment_name, self.trial_name, "actor")
         gconfig = dataclasses.replace(self.ppo.gen, n=1)
-        before = evaluate_policy(sft, None, toy.tokenizer, paths["ppo_valid"], gconfig, seed=self.seed)
-        after = evaluate_policy(actor, sft, toy.tokenizer, paths["ppo_valid"], gconfig, seed=self.seed)
+        n = self.toy_eval_prompts
+        before = evaluate_policy(sft, None, toy.tokenizer, paths["ppo_valid"], gconfig, n, seed=self.seed)
+        after = evaluate_policy(actor, sft, toy.tokenizer, paths["ppo_valid"], gconfig, n, seed=self.seed)
         rm_accuracy = None
         if self.uses_reward_model:
             rm = self.rew.path or toy.checkpoint("rw", "default")
