@@ -147,7 +147,7 @@ def tree_usage(proc) -> tuple[int, float, dict[int, tuple[str, int]]]:
             with p.oneshot():
                 r = p.memory_info().rss
                 t = p.cpu_times()
-                name = " ".join(p.cmdline()[1:3])[-60:]
+                name = "worker" if "realrl.apps.remote" in p.cmdline() else "main"
         except psutil.NoSuchProcess:
             continue
         rss += r
