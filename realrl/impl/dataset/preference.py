@@ -105,12 +105,12 @@ def _pair_texts(
         )
     if eos is None:
         raise ValueError("the tokenizer has no EOS token; preference text needs one appended")
+    return [(_text(prompt, c, eos), _text(prompt, r, eos)) for c, r in pairs]
 
-    def text(answer: str) -> str:
-        answer = answer if answer.endswith(eos) else answer + eos
-        return (prompt or "") + answer
 
-    return [(text(c), text(r)) for c, r in pairs]
+def _text(prompt: str | None, answer: str, eos: str) -> str:
+    """TRL's text: the explicit prompt, then the answer with EOS appended unless already there."""
+    return (prompt or "") + (answer if answer.endswith(eos) else answer + eos)
 
 
 def _text_pairs(tok: BatchTokenizer, row: dict, where: str, fields: PreferenceFields):
@@ -133,14 +133,16 @@ def _text_pairs(tok: BatchTokenizer, row: dict, where: str, fields: PreferenceFi
 
 
 def preference_texts(row: dict, fields: PreferenceFields, eos: str | None) -> list[str]:
-    """The texts ``preference_pairs`` will tokenize for a text row (none for pre-tokenized or chat
-    rows): what ``BatchTokenizer.prefetch`` reads ahead. Raises on a bad row, like the builder."""
-    if _ids_names(row, fields) is not None:
+    """The texts ``preference_pairs`` will likely tokenize for a text row, read without checks
+    (the builder checks): what ``BatchTokenizer.prefetch`` reads ahead; none for other rows."""
+    prompt = row.get(fields.prompt)
+    if eos is None or (prompt is not None and not isinstance(prompt, str)) or _ids_names(row, fields):
         return []
-    chosen, rejected, prompt = _answers(row, "", fields)
-    if _is_chat(chosen):
-        return []
-    return [t for pair in _pair_texts(chosen, rejected, prompt, eos, "", fields) for t in pair]
+    texts = []
+    for side in (row.get(fields.chosen), row.get(fields.rejected)):
+        answers = [side] if isinstance(side, str) else side if isinstance(side, list) else []
+        texts.extend(_text(prompt, a, eos) for a in answers if isinstance(a, str))
+    return texts
 
 
 def preference_pairs(
