@@ -182,7 +182,7 @@ class PPOConfig(CommonExperimentConfig):
             "critic_train": self.critic.mb_spec(),
         }
         reward_inputs = (
-            ("packed_input_ids",) if self.reward_fn is None else ("packed_input_ids", "prompt_mask")
+            ("packed_input_ids",) if self.uses_reward_model else ("packed_input_ids", "prompt_mask")
         )
         nodes = ppo_mfcs(
             self.dataset.train_bs_n_seqs,

@@ -1,0 +1,167 @@
+"""Every quickstart experiment runs 2 steps on the toy task's tiny model, end to end: workers,
+checkpoints, stats, plots, summary. One fileroot is shared so later phases reuse earlier ones."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from realrl.apps import run as run_mod
+from realrl.apps.quickstart import build_config
+from realrl.apps.run import run_quickstart
+
+SHORT = [
+    "exp_ctrl.total_train_steps=2",
+    "dataset.train_bs_n_seqs=8",
+    'prerequisite_overrides=["exp_ctrl.total_train_steps=2","dataset.train_bs_n_seqs=8"]',
+]
+TOY_SUMMARY_KEYS = (
+    "sft_true_reward_mean",
+    "sft_true_reward_std",
+    "true_reward_mean",
+    "true_reward_std",
+    "rm_accuracy",
+    "kl",
+    "wall_seconds",
+)
+
+
+@pytest.fixture(scope="module")
+def fileroot(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("runs"))
+
+
+def run(name, fileroot, *extra):
+    cfg = build_config(name, [f"fileroot={fileroot}", *SHORT, *extra])
+    summary = run_quickstart(name, cfg)
+    return cfg, summary
+
+
+def assert_run_outputs(run_dir, steps=2, trains=True):
+    with open(os.path.join(run_dir, "stats.jsonl")) as f:
+        assert [json.loads(line)["step"] for line in f] == list(range(1, steps + 1))
+    assert os.path.isfile(os.path.join(run_dir, "dataflow_graph.png"))
+    if trains:
+        assert os.listdir(os.path.join(run_dir, "plots"))
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def test_sft_then_rw_reuse_and_save(fileroot):
+    cfg, summary = run("sft", fileroot)
+    assert assert_run_outputs(cfg.run_dir)["steps"] == 2
+    final = os.path.join(cfg.run_dir, "checkpoints", "default", "final")
+    assert os.path.isfile(os.path.join(final, "config.json"))
+    assert summary["trainDefault/loss"] > 0 and "trainDefault/eval_loss" in summary
+    cfg, summary = run("rw", fileroot)
+    assert_run_outputs(cfg.run_dir)
+    assert 0.0 <= summary["rwTrain/eval_accuracy"] <= 1.0
+    assert os.path.isfile(
+        os.path.join(cfg.run_dir, "checkpoints", "default", "final", "reward_normalization.json")
+    )
+
+
+def test_ppo_default_writes_the_toy_summary(fileroot):
+    cfg, summary = run("ppo", fileroot, "ppo.ppo_n_minibatches=2", "toy_eval_prompts=32")
+    on_disk = assert_run_outputs(cfg.run_dir)
+    for key in TOY_SUMMARY_KEYS:
+        assert on_disk[key] is not None, key
+    assert on_disk["kl"] >= 0 and 0 <= on_disk["rm_accuracy"] <= 1
+    assert "actor_train/task_reward" in on_disk and "critic_train/critic_loss" in on_disk
+
+
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("grpo", ["ppo.ppo_n_minibatches=2", "toy_eval_prompts=32"]),
+        ("dpo", []),
+        ("gen", []),
+    ],
+)
+def test_other_experiments_run_two_steps(fileroot, name, extra):
+    cfg, summary = run(name, fileroot, *extra)
+    assert_run_outputs(cfg.run_dir, trains=name != "gen")
+    if name == "grpo":
+        assert summary["rm_accuracy"] is None and summary["true_reward_mean"] is not None
+    if name == "gen":
+        with open(os.path.join(cfg.run_dir, "generations.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        assert len(rows) == 16 and all(r["completion"] for r in rows)
+
+
+def test_my_ppo_example_swaps_the_reward_interface(fileroot):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    try:
+        import my_ppo  # noqa: F401  (registers "my-ppo" and its interface)
+    finally:
+        sys.path.pop(0)
+    cfg, summary = run("my-ppo", fileroot, "ppo.ppo_n_minibatches=2")
+    exp = cfg.initial_setup()
+    rew = next(m for m in exp.mfcs if m.name == "rew_inf")
+    assert rew.interface_impl.type_ == "sentiment_scoring" and exp.models["reward"].model.type_ == "null"
+    assert_run_outputs(cfg.run_dir)
+    assert "actor_train/task_reward" in summary
+
+
+def _final_params(run_dir):
+    return load_file(os.path.join(run_dir, "checkpoints", "default", "final", "model.safetensors"))
+
+
+def test_killed_run_resumes_to_the_same_parameters(fileroot):
+    common = [
+        sys.executable,
+        "-m",
+        "realrl.apps.quickstart",
+        "sft",
+        f"fileroot={fileroot}",
+        "dataset.train_bs_n_seqs=8",
+        "exp_ctrl.total_train_steps=40",
+        "exp_ctrl.ckpt_freq_steps=5",
+    ]
+    subprocess.run(common + ["trial_name=straight"], check=True, capture_output=True, timeout=600)
+    proc = subprocess.Popen(common + ["trial_name=killed"], start_new_session=True)
+    latest = os.path.join(fileroot, "sft", "killed", "recover", "latest.json")
+    deadline = time.time() + 300
+    while not os.path.exists(latest) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the master and its workers, mid-run
+    proc.wait(timeout=60)
+    with open(latest) as f:
+        resumed_from = json.load(f)["step"]
+    assert resumed_from < 40
+    subprocess.run(
+        common + ["trial_name=killed", "recover_mode=resume"], check=True, capture_output=True, timeout=600
+    )
+    straight = _final_params(os.path.join(fileroot, "sft", "straight"))
+    resumed = _final_params(os.path.join(fileroot, "sft", "killed"))
+    assert straight.keys() == resumed.keys()
+    for k in straight:
+        torch.testing.assert_close(resumed[k], straight[k], rtol=0, atol=0)
+    with open(os.path.join(fileroot, "sft", "killed", "stats.jsonl")) as f:
+        assert [json.loads(line)["step"] for line in f] == list(range(1, 41))
+
+
+def test_auto_recover_restarts_from_the_last_recover_point(monkeypatch, tmp_path):
+    calls = []
+
+    def flaky(exp, mode, ray_address):
+        calls.append(exp.resume)
+        if len(calls) == 1:
+            raise run_mod.ExperimentFailedError("model_worker/0 is lost", "model_worker/0")
+        return [{"step": 1}]
+
+    monkeypatch.setattr(run_mod, "run_experiment", flaky)
+    monkeypatch.setattr(run_mod, "draw_graph", lambda graph, path: path)
+    cfg = build_config("sft", [f"fileroot={tmp_path}", "recover_mode=auto", "recover_retries=1"])
+    assert run_mod.run_one(cfg) == [{"step": 1}]
+    assert calls == [False, True]
+    cfg = build_config("sft", [f"fileroot={tmp_path}", "recover_mode=auto", "recover_retries=0"])
+    calls.clear()
+    with pytest.raises(run_mod.ExperimentFailedError):
+        run_mod.run_one(cfg)
