@@ -132,9 +132,9 @@ def rw_tokens_per_pair(train_path: str, tokenizer_path: str, max_seqlen: int, li
 # ---------------------------------------------------------------------------------- measuring
 
 
-def tree_usage(proc) -> tuple[int, float, dict[int, tuple[str, int]]]:
-    """(RSS bytes, CPU seconds, {pid: (name, RSS)}) of a process and all its descendants
-    (ones that vanished meanwhile count 0)."""
+def tree_usage(proc) -> tuple[int, float, dict[int, tuple[str, int, float]]]:
+    """(RSS bytes, CPU seconds, {pid: (name, RSS, CPU seconds)}) of a process and all its
+    descendants (ones that vanished meanwhile count 0)."""
     import psutil
 
     rss, cpu, per = 0, 0.0, {}
@@ -152,7 +152,7 @@ def tree_usage(proc) -> tuple[int, float, dict[int, tuple[str, int]]]:
             continue
         rss += r
         cpu += t.user + t.system
-        per[p.pid] = (name, r)
+        per[p.pid] = (name, r, t.user + t.system)
     return rss, cpu, per
 
 
@@ -168,6 +168,7 @@ def run_measured(argv: list[str], log_path: str, threads: int | None = None, int
     series: list[tuple[float, float]] = []
     peak = 0
     per_peak: dict[int, tuple[str, int]] = {}
+    by_name: dict[str, list[tuple[float, float]]] = {}  # CPU series per process kind
     with open(log_path, "w") as log:
         env = dict(os.environ)
         if threads:
@@ -177,9 +178,12 @@ def run_measured(argv: list[str], log_path: str, threads: int | None = None, int
         while child.poll() is None:
             rss, cpu, per = tree_usage(proc)
             peak = max(peak, rss)
-            for pid, (name, r) in per.items():
+            for pid, (name, r, _) in per.items():
                 per_peak[pid] = (name, max(r, per_peak.get(pid, (name, 0))[1]))
-            series.append((time.time(), cpu))
+            now = time.time()
+            series.append((now, cpu))
+            for kind in {n for n, _, _ in per.values()}:
+                by_name.setdefault(kind, []).append((now, sum(c for n, _, c in per.values() if n == kind)))
             time.sleep(interval)
     if child.returncode != 0:
         with open(log_path) as f:
@@ -193,6 +197,7 @@ def run_measured(argv: list[str], log_path: str, threads: int | None = None, int
         "load_before": load_before[0],
         "load_after": os.getloadavg()[0],
         "cpu_series": series,
+        "cpu_series_by_process": by_name,
     }
 
 

@@ -93,6 +93,10 @@ def measure(task: str, side: str, spec: BenchSpec, spec_path: str, threads: int 
     with open(out_path) as f:
         result = json.load(f)
     result["cpu_step_s"] = cpu_per_step(proc.pop("cpu_series"), result["step_ends"])
+    result["cpu_step_s_by_process"] = {
+        kind: cpu_per_step(series, result["step_ends"])
+        for kind, series in proc.pop("cpu_series_by_process").items()
+    }
     result["startup_s"] = result["step_ends"][0] - proc["t_start"]  # child start to first step done
     result.update(proc)
     return result
@@ -275,6 +279,12 @@ def main(argv: list[str] | None = None) -> None:
             ),
         ]
         extra.append(("peak RSS per process, realrl, MB", _per_process(res["realrl"])))
+        extra.append(
+            (
+                "CPU s per step per process, realrl",
+                ", ".join(f"{k} {v:.3f}" for k, v in res["realrl"]["cpu_step_s_by_process"].items()),
+            )
+        )
         if task == "grpo":
             import _trl_eval
 
