@@ -171,7 +171,8 @@ class SequenceSample:
     ) -> SequenceSample:
         """Wrap parts already in the form ``__post_init__`` would give them (fresh containers, a
         set, tuples, lists of non-negative int lists), skipping its copies and ``_validate``: for
-        ``from_default`` and ``gather``, which build such parts themselves and check the rest."""
+        ``from_default`` and ``gather``, which build such parts and check what they cannot know,
+        and for slices, selections and copies of a sample that was validated when it was built."""
         self = cls.__new__(cls)
         self.keys = keys
         self.trailing_shapes = trailing_shapes
@@ -411,14 +412,14 @@ class SequenceSample:
         missing = keys - self.keys
         if missing:
             raise ValueError(f"select: keys {sorted(missing)} not in {sorted(self.keys)}")
-        return SequenceSample(
+        return SequenceSample._from_canonical(  # a part of a valid sample: fresh containers, no re-check
             keys=keys,
             trailing_shapes={k: self.trailing_shapes[k] for k in keys},
             dtypes={k: self.dtypes[k] for k in keys},
             ids=list(self.ids),
-            seqlens={k: self.seqlens[k] for k in keys},
+            seqlens={k: [list(r) for r in self.seqlens[k]] for k in keys},
             data=None if self.data is None else {k: self.data[k] for k in keys},
-            metadata=dict(self.metadata),
+            metadata={k: list(v) for k, v in self.metadata.items()},
         )
 
     def update_(self, other: SequenceSample) -> None:
@@ -457,7 +458,7 @@ class SequenceSample:
 
     def meta(self) -> SequenceSample:
         """A copy without tensors: what the master worker holds."""
-        return SequenceSample(
+        return SequenceSample._from_canonical(
             keys=set(self.keys),
             trailing_shapes=dict(self.trailing_shapes),
             dtypes=dict(self.dtypes),
