@@ -122,3 +122,12 @@ def test_cyclic_gc_is_restored_after_a_build_even_a_failing_one(util, enabled):
         assert gc.isenabled() == enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_pretokenized_rows_need_no_tokenizer():
+    """Reading ahead must not touch a tokenizer that pre-tokenized rows never needed."""
+    no_tok = DatasetUtility(seed=1, dp_rank=0, world_size=1, tokenizer=None)
+    pairs = RewardPairDataset(no_tok, dataset_path=[{"chosen_ids": [1, 2], "rejected_ids": [3]}])
+    assert pairs_of(pairs[0]) == [([1, 2], [3])]
+    prompts = PromptDataset(no_tok, dataset_path=[{"prompt": [4, 5]}])
+    assert prompts[0].data["packed_prompts"].tolist() == [4, 5]

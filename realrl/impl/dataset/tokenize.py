@@ -21,7 +21,8 @@ class BatchTokenizer:
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self.eos_token: str | None = tokenizer.eos_token  # read once: a slow attribute in transformers 5
+        # read once (a slow attribute in transformers 5); pre-tokenized data may come with no tokenizer
+        self.eos_token: str | None = getattr(tokenizer, "eos_token", None)
         self._ids: dict[tuple[str, bool], list[int]] = {}
 
     def prefetch(self, texts: Iterable[tuple[str, bool]]) -> None:
