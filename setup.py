@@ -26,7 +26,14 @@ setup(
     ],
     extras_require={
         "gpu": ["flash-attn>=2.5"],
-        "test": ["pytest>=7.4", "pytest-timeout>=2.2", "hypothesis>=6.90", "ruff>=0.5", "trl>=1.16", "psutil>=5.9"],
+        "test": [
+            "pytest>=7.4",
+            "pytest-timeout>=2.2",
+            "hypothesis>=6.90",
+            "ruff>=0.5",
+            "trl>=1.16",
+            "psutil>=5.9",
+        ],
         "bench": ["trl>=0.12", "psutil>=5.9"],
     },
 )
