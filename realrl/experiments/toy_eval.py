@@ -44,7 +44,8 @@ class PolicyEvaluation:
 
 def _completions(gen, tokenizer) -> list[str]:
     seqs = torch.split(gen.sequences, gen.seqlens)
-    return [tokenizer.decode(s[p:].tolist(), skip_special_tokens=True) for s, p in zip(seqs, gen.prompt_lens)]
+    answers = [s[p:].tolist() for s, p in zip(seqs, gen.prompt_lens)]
+    return tokenizer.batch_decode(answers, skip_special_tokens=True)
 
 
 def _sequence_kl(policy: Model, ref: Model, gen) -> torch.Tensor:

@@ -37,10 +37,12 @@ def prompts_and_completions(
     if tokenizer is None:
         raise ValueError("decoding texts needs the model's tokenizer, but model.tokenizer is None")
     ids = data.data[INPUT_KEY].tolist()
-    prompts, completions, off = [], [], 0
+    prompt_ids, completion_ids, off = [], [], 0
     for n, p in zip(data.flat_seqlens(INPUT_KEY), prompt_lengths(data)):
-        seq = ids[off : off + n]
+        prompt_ids.append(ids[off : off + p])
+        completion_ids.append(ids[off + p : off + n])
         off += n
-        prompts.append(tokenizer.decode(seq[:p], skip_special_tokens=skip_special_tokens))
-        completions.append(tokenizer.decode(seq[p:], skip_special_tokens=skip_special_tokens))
+    # one batch call each: a fast tokenizer decodes the whole batch in Rust
+    prompts = tokenizer.batch_decode(prompt_ids, skip_special_tokens=skip_special_tokens)
+    completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=skip_special_tokens)
     return sequence_ids(data), prompts, completions
