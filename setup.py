@@ -23,6 +23,7 @@ setup(
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "datasets>=2.18",
+        "tensorboard>=2.14",
     ],
     extras_require={
         "gpu": ["flash-attn>=2.5"],

@@ -16,6 +16,7 @@ import os
 import pickle
 import secrets
 import sys
+from collections.abc import Callable
 
 from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
 from realrl.base import logging, network
@@ -49,8 +50,11 @@ def run_experiment(
     mode: str = "local",
     ray_address: str | None = None,
     ray_cpus_per_worker: float = 1.0,
+    on_step: Callable[[dict, int], None] | None = None,
 ) -> list[dict]:
-    """Run ``config`` to the end; return one stats record per step (also in ``stats.jsonl``)."""
+    """Run ``config`` to the end; return one stats record per step (also in ``stats.jsonl``).
+
+    ``on_step(record, total_steps)`` sees every finished step's record (progress bars, TensorBoard)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     os.makedirs(config.log_dir, exist_ok=True)
@@ -74,7 +78,9 @@ def run_experiment(
     worker_configs = config.model_worker_configs(nr_cfg, bind_host=host if mode == "local" else None)
     ok = False
     try:
-        stats = asyncio.run(_run_master(config, Codec(secret), record, host, launcher, worker_configs))
+        stats = asyncio.run(
+            _run_master(config, Codec(secret), record, host, launcher, worker_configs, on_step)
+        )
         ok = True
         return stats
     except KeyboardInterrupt:
@@ -101,10 +107,11 @@ async def _run_master(
     host: str,
     launcher: LocalLauncher | RayLauncher,
     worker_configs,
+    on_step: Callable[[dict, int], None] | None = None,
 ) -> list[dict]:
     stream = MasterStream(codec, host)
     record.add(names.master_stream(config.experiment_name, config.trial_name), stream.address, replace=True)
-    master = MasterWorker(config, stream, check_workers=launcher.check)
+    master = MasterWorker(config, stream, check_workers=launcher.check, on_step=on_step)
     ok = False
     try:
         launcher.start(worker_configs)

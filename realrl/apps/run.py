@@ -28,6 +28,42 @@ CURVES = {
 }
 
 
+# what the progress bar shows, by the first key present in a step's record
+PROGRESS_KEYS = {
+    "reward": ("actor_train/task_reward", "rwTrain/accuracy", "actor_train/accuracy"),
+    "kl": ("actor_train/ref_kl", "actor_train/kl"),
+    "loss": ("trainDefault/loss", "rwTrain/loss", "actor_train/loss", "actor_train/dpo_loss"),
+}
+
+
+class RunMonitor:
+    """What a user sees while a run goes: a tqdm bar (step, epoch, reward, KL, loss) and the
+    records mirrored to TensorBoard / wandb."""
+
+    def __init__(self, run_dir: str, wandb_project: str | None = None):
+        self.writer = stats.StatsWriter(run_dir, wandb_project=wandb_project)
+        self.bar = None
+
+    def __call__(self, record: dict, total_steps: int) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=total_steps, initial=record["step"] - 1, unit="step", dynamic_ncols=True)
+        shown = {"epoch": record.get("epoch")}
+        for label, keys in PROGRESS_KEYS.items():
+            value = next((record[k] for k in keys if k in record), None)
+            if value is not None:
+                shown[label] = f"{value:.3g}"
+        self.bar.set_postfix(shown, refresh=False)
+        self.bar.update(1)
+        self.writer.write(record["step"], record)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.writer.close()
+
+
 def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
     """What a prerequisite phase inherits: where to write, the seed, how to launch."""
     out = [f"fileroot={cfg.fileroot}", f"seed={cfg.seed}", f"mode={cfg.mode}", f"device={cfg.device}"]

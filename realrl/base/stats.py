@@ -1,7 +1,7 @@
 """What a run records about itself: per-step stats, learning curves and a summary.
 
-``StatsWriter`` appends one JSON line per step to ``stats.jsonl`` (and mirrors it to
-TensorBoard when the ``tensorboard`` package is installed, to wandb when asked and installed).
+``StatsWriter`` mirrors the per-step records (which the master appends to ``stats.jsonl``) to
+TensorBoard and, when asked and installed, to wandb.
 ``plot_curves`` turns the JSON lines into PNGs; ``write_summary`` prints a table and writes
 ``summary.json`` atomically.
 """
@@ -36,12 +36,12 @@ def atomic_write_json(path: str, obj: object) -> None:
 
 
 class StatsWriter:
-    """Per-step stats under ``run_dir``: stats.jsonl, TensorBoard events, optional wandb."""
+    """Mirrors per-step stats to TensorBoard (``run_dir/tensorboard``, when the ``tensorboard``
+    package is installed) and to wandb (when asked for and installed). The master worker itself
+    appends every record to ``stats.jsonl``."""
 
     def __init__(self, run_dir: str, use_tensorboard: bool = True, wandb_project: str | None = None):
         os.makedirs(run_dir, exist_ok=True)
-        self.path = os.path.join(run_dir, "stats.jsonl")
-        self._file = open(self.path, "a")
         self._tb = None
         self._wandb = None
         if use_tensorboard:
@@ -50,7 +50,7 @@ class StatsWriter:
 
                 self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
             except ImportError:
-                logger.info("tensorboard is not installed; stats go to %s only", self.path)
+                logger.info("tensorboard is not installed; stats go to stats.jsonl only")
         if wandb_project:
             try:
                 import wandb
@@ -62,17 +62,15 @@ class StatsWriter:
                 self._wandb = wandb.init(project=wandb_project, dir=run_dir, name=os.path.basename(run_dir))
 
     def write(self, step: int, stats: Mapping[str, object]) -> None:
-        numbers = _finite_numbers(stats)
-        self._file.write(json.dumps({"step": step, **numbers}) + "\n")
-        self._file.flush()
+        numbers = _finite_numbers({k: v for k, v in stats.items() if "/" in k})
         if self._tb is not None:
             for k, v in numbers.items():
                 self._tb.add_scalar(k, v, step)
+            self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(numbers, step=step)
 
     def close(self) -> None:
-        self._file.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -64,8 +64,10 @@ class MasterWorker:
         config: ExperimentConfig,
         stream: MasterStream,
         check_workers: Callable[[], None] | None = None,
+        on_step: Callable[[dict, int], None] | None = None,
     ):
         self.config = config
+        self.on_step = on_step or (lambda record, total_steps: None)  # progress bars, TensorBoard
         self.stream = stream
         self.check_workers = check_workers or (lambda: None)
         self.workers = list(range(config.n_model_workers))
@@ -275,6 +277,7 @@ class MasterWorker:
             with open(self.stats_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
             logger.info("step %d/%d done: %s", done + 1, self.total_steps, _brief(record))
+            self.on_step(record, self.total_steps)
             self.progress.steps_done += 1
 
     # -- shutdown ----------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def test_killed_run_resumes_to_the_same_parameters(fileroot):
 def test_auto_recover_restarts_from_the_last_recover_point(monkeypatch, tmp_path):
     calls = []
 
-    def flaky(exp, mode, ray_address):
+    def flaky(exp, mode, ray_address, on_step=None):
         calls.append(exp.resume)
         if len(calls) == 1:
             raise run_mod.ExperimentFailedError("model_worker/0 is lost", "model_worker/0")
