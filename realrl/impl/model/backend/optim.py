@@ -83,11 +83,12 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(module: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """PyTorch-style epsilon uses ``torch.optim.AdamW`` (foreach/fused kernels); the
-    TensorFlow-style epsilon uses ``AdamW`` above."""
+    """PyTorch-style epsilon uses ``torch.optim.AdamW`` with ``foreach=True`` (torch only picks the
+    multi-tensor path by itself on CUDA; on CPU it is the same math in a few C++ calls instead of
+    ~10 Python-dispatched ops per parameter); the TensorFlow-style epsilon uses ``AdamW`` above."""
     groups = param_groups(module, cfg.weight_decay)
     if not groups:
         raise ValueError(f"{type(module).__name__} has no trainable parameters to optimize")
     if cfg.tf_style_eps:
         return AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, tf_style_eps=True)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
