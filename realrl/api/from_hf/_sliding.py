@@ -17,6 +17,6 @@ def uniform_sliding_window(hf: Any, family: str) -> int | None:
         return None
     if all(sliding):
         return window
-    raise NotImplementedError(
+    raise ValueError(
         f"{family}: a mix of sliding and full attention layers (layer_types={types}) is not supported"
     )

@@ -100,7 +100,7 @@ def sd_to_hf(sd: dict[str, torch.Tensor], cfg: ReaLModelConfig) -> dict[str, tor
 
 def config_from_hf(hf: Any) -> ReaLModelConfig:
     if getattr(hf, "scale_attn_by_inverse_layer_idx", False) or not getattr(hf, "scale_attn_weights", True):
-        raise NotImplementedError(
+        raise ValueError(
             "gpt2: scale_attn_by_inverse_layer_idx=True / scale_attn_weights=False are not supported"
         )
     return ReaLModelConfig(

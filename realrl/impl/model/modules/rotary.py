@@ -29,7 +29,7 @@ def rotary_inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) 
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
         return torch.where(medium, smoothed, scaled)
-    raise NotImplementedError(f"rope scaling type {kind!r} is not supported (default, linear, llama3 are)")
+    raise ValueError(f"rope scaling type {kind!r} is not supported (default, linear, llama3 are)")
 
 
 class RotaryEmbedding(nn.Module):
