@@ -9,6 +9,7 @@ accessor returns None where the source has no such text (e.g. no rejected answer
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,7 +53,7 @@ def load_local_copy(data_path: DataSource | Mapping[str, DataSource]) -> dict[st
     return {"train": load_rows(data_path)}
 
 
-class PromptRawDataset:
+class PromptRawDataset(ABC):
     """Base adapter. Subclasses set ``dataset_name``, ``eval_split`` and the accessors.
 
     ``eval_split = None`` means the source ships only a train split; like DeepSpeed-Chat, its rows
@@ -118,11 +119,13 @@ class PromptRawDataset:
             raise DataError(f"{self.dataset_name}: field {where} must be text, got {type(value).__name__}")
         return value
 
+    @abstractmethod
     def get_prompt(self, sample: Mapping[str, Any]) -> str | None:
-        raise NotImplementedError
+        """The prompt text of one row in the source's schema."""
 
+    @abstractmethod
     def get_chosen(self, sample: Mapping[str, Any]) -> str | None:
-        raise NotImplementedError
+        """The preferred (or only) answer text of one row."""
 
     def get_rejected(self, sample: Mapping[str, Any]) -> str | None:
         return None
