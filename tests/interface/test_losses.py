@@ -8,6 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as tF
 
+from realrl.impl.model.utils.functional import (
+    gather_packed_shifted_log_probs,
+    masked_shifted_log_probs,
+    predicting_tokens,
+)
 from realrl.impl.model.utils.losses import bradley_terry_loss, dpo_loss, sft_loss
 
 
@@ -18,11 +23,17 @@ def test_sft_loss_equals_cross_entropy_on_masked_targets():
     logits = torch.randn(7, V, generator=g)
     cu = torch.tensor([0, 4, 7], dtype=torch.int32)
     mask = torch.tensor([False, True, True, True, True])  # seq 0: first target is a prompt token
-    loss, n = sft_loss(logits, ids, cu, mask)
+    loss, n = sft_loss(gather_packed_shifted_log_probs(logits, cu, ids), mask)
     targets = [(0, 1), (1, 2), (2, 3), (4, 5), (5, 6)]  # (position, next position) per sequence
     ref = torch.stack([tF.cross_entropy(logits[p : p + 1], ids[q : q + 1]) for p, q in targets])
     assert n == 4
     assert float(loss) == pytest.approx(float(ref[mask].mean()), rel=1e-6)
+    assert predicting_tokens(cu).tolist() == [p for p, _ in targets]
+    # the same log-probs from the logits of only the masked targets' predicting tokens
+    at = predicting_tokens(cu)[mask]
+    masked = masked_shifted_log_probs(logits[at], cu, ids, mask)
+    full = gather_packed_shifted_log_probs(logits, cu, ids)
+    torch.testing.assert_close(masked, torch.where(mask, full, torch.zeros_like(full)))
 
 
 def trl_reward_loss(chosen, rejected, margin=None, center=None):

@@ -64,8 +64,9 @@ def test_paired_rw_reads_the_last_token_and_honours_margins(tokenizer):
     values = model.module.forward(batch)
     rw = make_interface("paired_rw")
     torch.testing.assert_close(rw.inference(model, batch).data["rewards"], values[(cu[1:] - 1).long()])
-    loss, _ = rw._pair_loss(values, batch, None)
-    c, r = values[(cu[1:] - 1).long()][0::2], values[(cu[1:] - 1).long()][1::2]
+    last = values[(cu[1:] - 1).long()]
+    loss, _ = rw._pair_loss(last, batch)  # the engine hands the loss the reward tokens' outputs
+    c, r = last[0::2], last[1::2]
     expected = -torch.nn.functional.logsigmoid(c - r - torch.tensor([0.5, 1.0, 2.0])).mean()
     torch.testing.assert_close(loss, expected)
 

@@ -5,14 +5,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import torch
 
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import Model
-from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs, shifted_token_mask
+from realrl.impl.model.utils.functional import (
+    gather_packed_shifted_log_probs,
+    masked_shifted_log_probs,
+    predicting_tokens,
+    shifted_token_mask,
+)
 from realrl.impl.model.utils.ppo_functional import response_loss_mask
 
 INPUT_KEY = "packed_input_ids"
@@ -57,14 +62,37 @@ def answer_loss_mask(data: SequenceSample, device: torch.device | str | None = N
     return torch.ones(ids.shape[0] - (cu.shape[0] - 1), dtype=torch.bool, device=device)
 
 
-def packed_logprobs(logits: torch.Tensor, mb: SequenceSample, temperature: float = 1.0) -> torch.Tensor:
-    """``packed_logprobs`` alignment from a micro-batch's logits, divided by ``temperature``
-    (seed 002 PPO detail "scale the logits by sampling temperature")."""
+def packed_logprobs(
+    logits: torch.Tensor, mb: SequenceSample, temperature: float = 1.0, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``packed_logprobs`` alignment [T - B] from a micro-batch's logits, divided by
+    ``temperature`` (seed 002 PPO detail "scale the logits by sampling temperature").
+
+    With ``mask`` [T - B], ``logits`` are those of the forward at ``logprob_index(mask)`` only,
+    and the entries outside the mask are 0: a loss that reads only masked entries loses nothing.
+    """
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     ids = mb.data[INPUT_KEY].to(logits.device)
-    return gather_packed_shifted_log_probs(logits, cu_seqlens_on(mb, logits.device), ids)
+    cu = cu_seqlens_on(mb, logits.device)
+    if mask is None:
+        return gather_packed_shifted_log_probs(logits, cu, ids)
+    return masked_shifted_log_probs(logits, cu, ids, mask.to(logits.device).bool())
+
+
+def logprob_index(
+    mask_fn: Callable[[SequenceSample], torch.Tensor],
+) -> Callable[[SequenceSample], torch.Tensor]:
+    """An engine ``output_index_fn``: the tokens whose logits predict the entries where
+    ``mask_fn(mb)`` [T - B] is set. The last layer and the LM head then skip every other token
+    (the prompt of a policy-gradient or SFT loss, each sequence's last token)."""
+
+    def index(mb: SequenceSample) -> torch.Tensor:
+        cu = cu_seqlens_on(mb, "cpu")
+        return predicting_tokens(cu)[mask_fn(mb).cpu().bool()]
+
+    return index
 
 
 def scalar_output(output: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from realrl.api.core.model_api import Model, ModelInterface, register_interface
 from realrl.impl.interface.common import (
     INPUT_KEY,
     answer_loss_mask,
+    logprob_index,
     packed_logprobs,
     require_keys,
     save_model,
@@ -80,8 +81,8 @@ class DPOInterface(ModelInterface):
         for sid, lens in zip(mb.ids, mb.seqlens[INPUT_KEY]):
             if len(lens) % 2:
                 raise ValueError(f"dpo: sample {sid!r} holds {len(lens)} sequences; expected [c1, r1, ...]")
-        logp = packed_logprobs(logits, mb)
-        mask = pair_answer_mask(mb).to(logp.device)
+        mask = pair_answer_mask(mb).to(logits.device)
+        logp = packed_logprobs(logits, mb, mask=mask)  # answer-predicting logits only; 0 elsewhere
         ref = mb.data["packed_ref_logprobs"].to(logp.device).float()
         lens = [n - 1 for n in mb.flat_seqlens(INPUT_KEY)]
         pi = sequence_sums(logp * mask, lens)
@@ -109,6 +110,7 @@ class DPOInterface(ModelInterface):
             loss_weight_fn=lambda mb: len(mb.flat_seqlens(INPUT_KEY)) / 2,
             token_normalize_scope=self.token_normalize_scope,
             version_steps=model.version.global_step,
+            output_index_fn=logprob_index(pair_answer_mask),
         )
         model.inc_version()
         return dict(stats)

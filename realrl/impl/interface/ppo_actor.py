@@ -21,6 +21,7 @@ from realrl.api.core.model_api import Model, ModelInterface, register_interface
 from realrl.base import logging
 from realrl.impl.interface.common import (
     INPUT_KEY,
+    logprob_index,
     mean_stats,
     packed_logprobs,
     require_keys,
@@ -103,9 +104,9 @@ class PPOActorInterface(ModelInterface):
         """Clipped surrogate (+ GRPO's k3 KL term), zeroed when the micro-batch's importance
         ratio or approximate KL passes its early-stop threshold."""
         hp = self.hp
-        logp = packed_logprobs(logits, mb, self.logprob_temperature)
+        mask = mb.data["ppo_loss_mask"].to(logits.device)
+        logp = packed_logprobs(logits, mb, self.logprob_temperature, mask)  # 0 off the mask
         dev = logp.device
-        mask = mb.data["ppo_loss_mask"].to(dev)
         loss, st = F.actor_loss(
             logp, mb.data["packed_logprobs"].to(dev), mb.data["advantages"].to(dev), hp.eps_clip, mask
         )
@@ -136,7 +137,14 @@ class PPOActorInterface(ModelInterface):
         truncate_id = self._truncate_id(model)
         data, full, batch_stats = self.state.begin_step(data, truncate_id)
         step_stats, prep_stats = self.state.run_epochs(
-            model, data, full, truncate_id, self._loss_fn, mb_spec, self.token_normalize_scope
+            model,
+            data,
+            full,
+            truncate_id,
+            self._loss_fn,
+            mb_spec,
+            self.token_normalize_scope,
+            output_index_fn=logprob_index(_ppo_loss_mask),
         )
         stats = {
             **batch_stats,
@@ -157,6 +165,10 @@ class PPOActorInterface(ModelInterface):
 
     def save(self, model: Model, save_dir: str) -> None:
         save_model(model, save_dir, {"ppo_actor_state": self.state_dict()})
+
+
+def _ppo_loss_mask(mb: SequenceSample) -> torch.Tensor:
+    return mb.data["ppo_loss_mask"]
 
 
 def _prompt_targets(data: SequenceSample) -> torch.Tensor:

@@ -69,12 +69,14 @@ class PPOTrainState:
         loss_fn: Callable,
         mb_spec: MicroBatchSpec | None,
         token_normalize_scope: str,
+        output_index_fn: Callable[[SequenceSample], torch.Tensor] | None = None,
     ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
         """Seed 002 PPO detail 7: ``ppo_n_epochs`` passes, each over a fresh shuffle cut into
         ``ppo_n_minibatches`` minibatches, one optimizer step per minibatch. With
         ``whiten_scope="minibatch"`` advantages (and whitened rewards) are recomputed per
         minibatch (seed 002 PPO detail 9). The shuffle seed follows the model version, so the
-        actor and the critic cut the same minibatches."""
+        actor and the critic cut the same minibatches. ``output_index_fn``: the tokens the loss
+        reads (see the train engine)."""
         hp = self.hp
         source = full if hp.whiten_scope == "batch" else data
         generator = torch.Generator().manual_seed(hp.shuffle_seed * 1_000_003 + model.version.global_step)
@@ -92,6 +94,7 @@ class PPOTrainState:
                         loss_weight_fn=lambda m: float(m.data["ppo_loss_mask"].sum()),
                         token_normalize_scope=token_normalize_scope,
                         version_steps=model.version.global_step,
+                        output_index_fn=output_index_fn,
                     )
                 )
         return step_stats, prep_stats

@@ -71,10 +71,13 @@ class PairedRewardInterface(ModelInterface):
             last = last - ends_eos.long()
         return last
 
-    def _rewards(self, output: torch.Tensor, mb: SequenceSample, eos_id: int | None) -> torch.Tensor:
-        """One normalised reward per sequence: head output at the reward token * gain + bias."""
-        values = scalar_output(output)
-        return values[self._reward_indices(mb, eos_id, values.device)] * self.gain + self.bias
+    def _rewards(self, output: torch.Tensor) -> torch.Tensor:
+        """One normalised reward per sequence from the head's output at the reward tokens (the
+        engine computes only those: ``output_index_fn=self._reward_index_fn``)."""
+        return scalar_output(output) * self.gain + self.bias
+
+    def _reward_index_fn(self, eos_id: int | None):
+        return lambda mb: self._reward_indices(mb, eos_id, mb.data[INPUT_KEY].device)
 
     @staticmethod
     def _eos(model: Model) -> int | None:
@@ -83,7 +86,10 @@ class PairedRewardInterface(ModelInterface):
     def _scores(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None):
         eos = self._eos(model)
         return model.module.forward(
-            data, mb_spec or MicroBatchSpec(), post_hook=lambda out, mb: self._rewards(out, mb, eos).cpu()
+            data,
+            mb_spec or MicroBatchSpec(),
+            post_hook=lambda out, mb: self._rewards(out).cpu(),
+            output_index_fn=self._reward_index_fn(eos),
         )
 
     # -- training -----------------------------------------------------------------------------
@@ -96,8 +102,8 @@ class PairedRewardInterface(ModelInterface):
                     f"{where}: sample {sid!r} holds {len(lens)} sequences; expected [c1, r1, c2, r2, ...]"
                 )
 
-    def _pair_loss(self, output: torch.Tensor, mb: SequenceSample, eos_id: int | None):
-        rewards = self._rewards(output, mb, eos_id)
+    def _pair_loss(self, output: torch.Tensor, mb: SequenceSample):
+        rewards = self._rewards(output)
         chosen, rejected = rewards[0::2], rewards[1::2]
         c, r = chosen.detach(), rejected.detach()
         margin = None
@@ -119,10 +125,11 @@ class PairedRewardInterface(ModelInterface):
         stats = model.module.train_batch(
             input_=data,
             mb_spec=mb_spec or MicroBatchSpec(),
-            loss_fn=lambda out, mb: self._pair_loss(out, mb, eos),
+            loss_fn=self._pair_loss,
             loss_weight_fn=lambda mb: len(mb.flat_seqlens(INPUT_KEY)) / 2,
             token_normalize_scope=self.token_normalize_scope,
             version_steps=model.version.global_step,
+            output_index_fn=self._reward_index_fn(eos),
         )
         model.inc_version()
         return dict(stats)

@@ -13,8 +13,17 @@ import torch
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import Model, ModelInterface, register_interface
-from realrl.impl.interface.common import INPUT_KEY, answer_loss_mask, cu_seqlens_on, require_keys, save_model
+from realrl.impl.interface.common import (
+    INPUT_KEY,
+    answer_loss_mask,
+    logprob_index,
+    packed_logprobs,
+    require_keys,
+    save_model,
+)
 from realrl.impl.model.utils.losses import sft_loss
+
+_ANSWER_INDEX = logprob_index(answer_loss_mask)
 
 
 @dataclasses.dataclass
@@ -22,9 +31,9 @@ class SFTInterface(ModelInterface):
     token_normalize_scope: str = "global"
 
     def _loss_fn(self, logits: torch.Tensor, mb: SequenceSample):
+        """``logits`` of the answer-predicting tokens only (``output_index_fn=_ANSWER_INDEX``)."""
         mask = answer_loss_mask(mb, logits.device)
-        ids = mb.data[INPUT_KEY].to(logits.device)
-        loss, n = sft_loss(logits, ids, cu_seqlens_on(mb, logits.device), mask)
+        loss, n = sft_loss(packed_logprobs(logits, mb, mask=mask), mask)
         return loss, {"n_answer_tokens": float(n)}
 
     @staticmethod
@@ -40,6 +49,7 @@ class SFTInterface(ModelInterface):
             loss_weight_fn=self._weight,
             token_normalize_scope=self.token_normalize_scope,
             version_steps=model.version.global_step,
+            output_index_fn=_ANSWER_INDEX,
         )
         model.inc_version()
         stats = dict(stats)
@@ -62,6 +72,7 @@ class SFTInterface(ModelInterface):
                 MicroBatchSpec(),
                 post_hook=nll_and_count,
                 aggregate_fn=lambda xs: torch.stack(xs).sum(0),
+                output_index_fn=_ANSWER_INDEX,
             )
         if total[1] == 0:
             raise ValueError("sft.evaluate: the evaluation data holds no answer tokens")

@@ -4,6 +4,11 @@ The module contract (ReaLModel's): ``module(input_ids: LongTensor[T], cu_seqlens
 returns logits ``[T, V]`` (a critic: ``[T]``), and ``module.generate(input_ids, cu_seqlens,
 gconfig, eos_token_id)`` returns a ``GenerationOutput``. A micro-batch's forward runs over all
 sequences of all its samples packed back to back, so outputs come out in sample order.
+
+Callers that read only some tokens' outputs (a reward at the last token, a policy loss on the
+answer) pass ``output_index_fn(mb) -> LongTensor[N]``: the output is then ``[N, ...]``, those
+tokens only. A module with ``accepts_output_index = True`` (ReaLModel) takes the index itself and
+skips the work nobody reads; any other module runs in full and is indexed afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from realrl.impl.model.backend.config import EngineConfig
 INPUT_KEY = "packed_input_ids"
 PROMPT_KEY = "packed_prompts"
 PDROP_FIELDS = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
+OutputIndexFn = Callable[[SequenceSample], torch.Tensor]
 
 
 def disable_dropout(module: torch.nn.Module) -> int:
@@ -113,12 +119,20 @@ class InferenceEngine:
                 f"{type(self).__name__}.{call}: input lacks key {key!r} (has {sorted(input_.keys)})"
             )
 
-    def packed_forward(self, mb: SequenceSample, key: str = INPUT_KEY) -> torch.Tensor:
-        """The module's output on ``mb[key]``, all sequences of all samples packed."""
+    def packed_forward(
+        self, mb: SequenceSample, output_index_fn: OutputIndexFn | None = None, key: str = INPUT_KEY
+    ) -> torch.Tensor:
+        """The module's output on ``mb[key]``, all sequences of all samples packed; only at the
+        tokens ``output_index_fn(mb)`` names when given."""
         input_ids = mb.data[key]
         cu_seqlens = mb.cu_seqlens(key).to(self.device)
+        index = None if output_index_fn is None else output_index_fn(mb).to(self.device)
         with self._autocast():
-            return self.module(input_ids, cu_seqlens)
+            if index is None:
+                return self.module(input_ids, cu_seqlens)
+            if getattr(self.module, "accepts_output_index", False):
+                return self.module(input_ids, cu_seqlens, output_index=index)
+            return self.module(input_ids, cu_seqlens)[index]
 
     def split(self, input_: SequenceSample, mb_spec: MicroBatchSpec | None) -> list[SequenceSample]:
         """Micro-batches on the engine's device, so hooks and losses see one device (``input_``
@@ -132,14 +146,16 @@ class InferenceEngine:
         mb_spec: MicroBatchSpec | None = None,
         post_hook: Callable[[torch.Tensor, SequenceSample], Any] | None = None,
         aggregate_fn: Callable[[list[Any]], Any] = torch.cat,
+        output_index_fn: OutputIndexFn | None = None,
     ) -> Any:
         """``aggregate_fn`` over the per-micro-batch results in sample order; each result is the
-        module output on the micro-batch, or ``post_hook(output, mb)`` when given."""
+        module output on the micro-batch (at ``output_index_fn(mb)`` when given), or
+        ``post_hook(output, mb)`` when given."""
         self._require(input_, INPUT_KEY, "forward")
         results = []
         with self._mode(training=False):
             for mb in self.split(input_, mb_spec):
-                out = self.packed_forward(mb)
+                out = self.packed_forward(mb, output_index_fn)
                 results.append(post_hook(out, mb) if post_hook is not None else out)
         return aggregate_fn(results)
 

@@ -8,6 +8,9 @@ Loss contract (interfaces write their losses against it):
         micro-batch's own weight units (e.g. its loss tokens).
     loss_weight_fn(mb: SequenceSample) -> float
         how many weight units the micro-batch holds (e.g. its number of loss tokens).
+    output_index_fn(mb: SequenceSample) -> LongTensor[N]   (optional)
+        the tokens the loss reads; ``output`` is then the module's output at those tokens only
+        (see ``engine.py``), which spares the last layer and the head the rest.
 
 With ``W`` the total weight (summed over data-parallel ranks when
 ``token_normalize_scope="global"``), the engine back-propagates
@@ -34,7 +37,7 @@ from realrl.impl.model.backend import dp
 from realrl.impl.model.backend.activation_checkpointing import enable_gradient_checkpointing
 from realrl.impl.model.backend.checkpoint import load_checkpoint, save_checkpoint
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
-from realrl.impl.model.backend.engine import INPUT_KEY, InferenceEngine
+from realrl.impl.model.backend.engine import INPUT_KEY, InferenceEngine, OutputIndexFn
 from realrl.impl.model.backend.lr_schedule import LRScheduler
 from realrl.impl.model.backend.optim import build_optimizer
 
@@ -82,6 +85,7 @@ class TrainEngine(InferenceEngine):
         loss_fn: LossFn,
         loss_weight_fn: LossWeightFn,
         token_normalize_scope: Literal["global", "dp"] = "global",
+        output_index_fn: OutputIndexFn | None = None,
     ) -> dict[str, float]:
         """Add the batch loss's gradient to ``.grad`` (summed over DP ranks); no optimizer step."""
         if token_normalize_scope not in SCOPES:
@@ -105,7 +109,7 @@ class TrainEngine(InferenceEngine):
             for mb, w in zip(mbs, weights):
                 if w == 0:  # nothing to learn here; its mean loss may be 0/0 = NaN, which * 0 stays NaN
                     continue
-                output = self.packed_forward(mb)
+                output = self.packed_forward(mb, output_index_fn)
                 loss, stats = loss_fn(output, mb)
                 scale = w / total / divide if total > 0 else 0.0
                 scaled = loss.float() * scale
@@ -162,6 +166,7 @@ class TrainEngine(InferenceEngine):
         loss_weight_fn: LossWeightFn,
         token_normalize_scope: Literal["global", "dp"] = "global",
         version_steps: int | None = None,
+        output_index_fn: OutputIndexFn | None = None,
     ) -> dict[str, float]:
         """One optimizer update on ``input_`` (see the module docstring for the loss contract).
 
@@ -169,7 +174,9 @@ class TrainEngine(InferenceEngine):
         LR schedule reads it, so several updates of one version share one LR. None counts updates.
         """
         self.optimizer.zero_grad(set_to_none=True)
-        stats = self.accumulate_gradients(input_, mb_spec, loss_fn, loss_weight_fn, token_normalize_scope)
+        stats = self.accumulate_gradients(
+            input_, mb_spec, loss_fn, loss_weight_fn, token_normalize_scope, output_index_fn
+        )
         stats.update(self.optimizer_step(version_steps))
         return stats
 

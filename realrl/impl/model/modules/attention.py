@@ -81,7 +81,27 @@ def _window_mask(L: int, window: int, device) -> torch.Tensor:
     return (d >= 0) & (d < window)
 
 
-def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float):
+def _query_grid(meta: PackedMeta, keep: torch.Tensor, window: int | None):
+    """Where the kept queries go in a [B, Lq] grid (Lq = most kept tokens of one sequence) and
+    the mask [B, 1, Lq, Lmax] that lets each attend to its own sequence up to its position.
+    ``keep`` must be ascending (tokens in packed order). Empty grid slots query position 0: they
+    attend to one key, never to none (no NaN), and their outputs are dropped."""
+    B, L = len(meta.seqlens), meta.max_seqlen
+    rows = meta.pad_index[keep] // L
+    pos = meta.positions[keep]
+    counts = torch.bincount(rows, minlength=B)
+    Lq = int(counts.max()) if keep.numel() else 1
+    first = torch.cumsum(counts, 0) - counts
+    slot = rows * Lq + (torch.arange(keep.numel(), device=keep.device) - first[rows])
+    q_pos = torch.zeros(B * Lq, dtype=torch.long, device=keep.device).index_copy(0, slot, pos).view(B, Lq)
+    keys = torch.arange(L, device=keep.device)
+    mask = keys[None, None, :] <= q_pos[:, :, None]
+    if window:
+        mask &= keys[None, None, :] > q_pos[:, :, None] - window
+    return slot, Lq, mask[:, None]
+
+
+def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float, keep=None):
     """Exact on any device: scatter into a right-padded [B, H, Lmax, D] grid, one batched SDPA call.
 
     With right padding, a causal mask already keeps every real query away from padding (pad keys
@@ -89,13 +109,28 @@ def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dr
     Measured on CPU (benchmarks/bench_forward.py, 32 sequences of 16-128 tokens) this beats one
     SDPA call per sequence by ~2x forward and more in backward, and a block-diagonal mask over all
     T tokens wastes O(T^2) work.
+
+    With ``keep`` only those queries are computed (every token stays a key and value): one query
+    per sequence, as a reward model reads, costs a [B, 1, Lmax] attention instead of [B, Lmax, Lmax].
     """
     B, L = len(meta.seqlens), meta.max_seqlen
 
-    def grid(x: torch.Tensor) -> torch.Tensor:
-        flat = x.new_zeros(B * L, x.shape[1], x.shape[2]).index_copy(0, meta.pad_index, x)
-        return flat.view(B, L, x.shape[1], x.shape[2]).transpose(1, 2)
+    def grid(x: torch.Tensor, index: torch.Tensor = meta.pad_index, length: int = L) -> torch.Tensor:
+        flat = x.new_zeros(B * length, x.shape[1], x.shape[2]).index_copy(0, index, x)
+        return flat.view(B, length, x.shape[1], x.shape[2]).transpose(1, 2)
 
+    if keep is not None:
+        slot, Lq, mask = _query_grid(meta, keep, window)
+        out = F.scaled_dot_product_attention(
+            grid(q[keep], slot, Lq),
+            grid(k),
+            grid(v),
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        return out.transpose(1, 2).reshape(B * Lq, q.shape[1], q.shape[2])[slot]
     mask = _window_mask(L, window, q.device) if window and window < L else None
     out = F.scaled_dot_product_attention(
         grid(q),
@@ -110,7 +145,7 @@ def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dr
     return out.transpose(1, 2).reshape(B * L, q.shape[1], q.shape[2])[meta.pad_index]
 
 
-def _flash_attn(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float):
+def _flash_attn(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float, keep=None):
     from flash_attn import flash_attn_varlen_func  # lazily: CUDA-only optional dependency
 
     cu = meta.cu_seqlens
@@ -130,7 +165,7 @@ def _flash_attn(q, k, v, meta: PackedMeta, scale: float, window: int | None, dro
     )
 
 
-def _torch_varlen(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float):
+def _torch_varlen(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float, keep=None):
     from torch.nn.attention.varlen import varlen_attn
 
     if dropout_p > 0:
@@ -165,6 +200,11 @@ def packed_attention(
     scale: float,
     window: int | None = None,
     dropout_p: float = 0.0,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D], causal within each sequence."""
-    return _BACKENDS[impl](q, k, v, meta, scale, window, dropout_p)
+    """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D], causal within each sequence; with ``keep``
+    (ascending token indices) only those queries' outputs, [N, Hq, D]. ``sdpa`` computes only
+    those queries; the varlen CUDA kernels compute all and select (they are cheap per query)."""
+    if keep is None or impl == "sdpa":
+        return _BACKENDS[impl](q, k, v, meta, scale, window, dropout_p, keep)
+    return _BACKENDS[impl](q, k, v, meta, scale, window, dropout_p)[keep]

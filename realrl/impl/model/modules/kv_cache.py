@@ -71,10 +71,11 @@ class PackedContext:
     def max_position(self) -> int:
         return self.meta.max_seqlen
 
-    def attend(self, layer: int, q, k, v, scale: float, window: int | None) -> torch.Tensor:
+    def attend(self, layer: int, q, k, v, scale: float, window: int | None, keep=None) -> torch.Tensor:
+        """[T, Hq, D], or [N, Hq, D] for the ``keep`` queries only (all tokens' k/v are cached)."""
         if self.cache is not None:
             self.cache.write(layer, self.cache_slots, k, v)
-        return packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p)
+        return packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p, keep)
 
 
 @dataclasses.dataclass

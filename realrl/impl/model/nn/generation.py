@@ -87,9 +87,8 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
     rows = torch.repeat_interleave(torch.arange(n_prompts, device=device), lens_t)
     ctx.cache, ctx.cache_slots = cache, cache.slots(rows, ctx.meta.positions)
 
-    # prefill: the head only runs on each prompt's last token
-    h = model.hidden_states(input_ids, ctx)
-    logits = model.head(h[ctx.meta.cu_seqlens[1:].long() - 1])
+    # prefill: the last layer past attention and the head run only on each prompt's last token
+    logits = model.head(model.hidden_states(input_ids, ctx, ctx.meta.cu_seqlens[1:].long() - 1))
     cache.repeat_interleave(n)
     logits = logits.repeat_interleave(n, dim=0)
     lens = lens_t.repeat_interleave(n)

@@ -51,6 +51,8 @@ def init_critic_head(head: nn.Linear, mode: str = "reward") -> None:
 
 
 class ReaLModel(nn.Module):
+    accepts_output_index = True  # forward(..., output_index=) computes only the tokens asked for
+
     def __init__(
         self,
         config: ReaLModelConfig,
@@ -101,12 +103,21 @@ class ReaLModel(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def hidden_states(self, input_ids: torch.Tensor, ctx) -> torch.Tensor:
-        """Final-norm hidden states [T, hidden] under an attention context (packed or decode)."""
+    def hidden_states(
+        self, input_ids: torch.Tensor, ctx, output_index: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Final-norm hidden states [T, hidden] under an attention context (packed or decode).
+
+        With ``output_index`` only those tokens' states come out ([N, hidden]), and the last
+        layer computes only them past its attention: exact, because no later layer reads the rest.
+        """
         x = self.embed(input_ids, ctx.positions)
         rope = None if self.rotary is None else self.rotary(ctx.positions, ctx.max_position, x.dtype)
-        for layer in self.layers:
-            x = layer(x, rope, ctx)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, ctx, output_index if i == last else None)
+        if not self.layers and output_index is not None:
+            x = x[output_index]
         return self.final_ln(x)
 
     def packed_context(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, **kw: Any) -> PackedContext:
@@ -137,9 +148,17 @@ class ReaLModel(nn.Module):
             self._attn_device_type = device.type
         return self.attn_impl
 
-    def forward(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        """logits [T, vocab] for an LM; values [T] for a critic."""
-        h = self.hidden_states(input_ids, self.packed_context(input_ids, cu_seqlens))
+    def forward(
+        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, output_index: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """logits [T, vocab] for an LM; values [T] for a critic. With ``output_index`` (long [N],
+        token indices into ``input_ids``): the outputs at those tokens only, [N, vocab] / [N],
+        equal to ``forward(...)[output_index]`` at a fraction of the last layer's and the head's
+        cost (a reward model reads one token per sequence, a policy loss only the answer)."""
+        if output_index is not None:
+            output_index = output_index.to(device=input_ids.device, dtype=torch.long)
+        ctx = self.packed_context(input_ids, cu_seqlens)
+        h = self.hidden_states(input_ids, ctx, output_index)
         out = self.head(h)
         return out.squeeze(-1) if self.config.is_critic else out
 

@@ -37,7 +37,15 @@ class Attention(nn.Module):
         b = None if self.q.bias is None else torch.cat([self.q.bias, self.k.bias, self.v.bias])
         return w, b
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, ctx) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        ctx,
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden]; with ``keep`` (token indices), only those rows come out:
+        every token still serves as a key and value, the output projection runs on ``keep``."""
         T, hq, hkv, d = x.shape[0], self.n_q, self.n_kv, self.head_dim
         qkv = project(x, ctx.weight_cache, self, self.fused_qkv).view(T, hq + 2 * hkv, d)
         qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
@@ -45,8 +53,11 @@ class Attention(nn.Module):
             qk = torch.cat([self.q_ln(qk[:, :hq]), self.k_ln(qk[:, hq:])], dim=1)
         if rope is not None:  # q and k rotate together: one set of ops for both
             qk = apply_rotary(qk, *rope)
-        out = ctx.attend(self.layer_idx, qk[:, :hq], qk[:, hq:], v, self.scale, self.window)
-        return project(out.reshape(T, hq * d), ctx.weight_cache, self.o, _plain(self.o))
+        if keep is None:
+            out = ctx.attend(self.layer_idx, qk[:, :hq], qk[:, hq:], v, self.scale, self.window)
+        else:
+            out = ctx.attend(self.layer_idx, qk[:, :hq], qk[:, hq:], v, self.scale, self.window, keep)
+        return project(out.reshape(out.shape[0], hq * d), ctx.weight_cache, self.o, _plain(self.o))
 
 
 def project(x: torch.Tensor, cache: dict | None, module: nn.Module, build) -> torch.Tensor:
@@ -102,8 +113,11 @@ class TransformerBlock(nn.Module):
         )
         self.resid_drop = nn.Dropout(cfg.resid_pdrop)
 
-    def forward(self, x: torch.Tensor, rope, ctx) -> torch.Tensor:
-        x = x + self.resid_drop(self.attn(self.attn_ln(x), rope, ctx))
+    def forward(self, x: torch.Tensor, rope, ctx, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """With ``keep`` (token indices) the block returns only those rows: what the last layer
+        needs when a loss reads a few positions (the attention still sees every token)."""
+        attn = self.attn(self.attn_ln(x), rope, ctx, keep)
+        x = (x if keep is None else x[keep]) + self.resid_drop(attn)
         h, mlp = self.mlp_ln(x), self.mlp
         if mlp.gated:
             gate, up = gate_up(h, ctx.weight_cache, mlp)

@@ -10,19 +10,15 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
 
-
-def sft_loss(
-    logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, loss_mask: torch.Tensor
-) -> tuple[torch.Tensor, int]:
+def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Next-token negative log-likelihood, mean over the tokens where ``loss_mask`` [T - B] is set:
 
     L = - sum_j mask_j * log p(x_{j+1} | x_{<=j}) / sum_j mask_j
-    The mask selects answer tokens (prompt masked) or every token (seed 000 phase 1 "all tokens").
+    ``logp`` [T - B] is log p(x_{j+1} | x_{<=j}) (``packed_logprobs``). The mask selects answer
+    tokens (prompt masked) or every token (seed 000 phase 1 "all tokens").
     Returns (loss, number of counted tokens).
     """
-    logp = gather_packed_shifted_log_probs(logits, cu_seqlens, input_ids)
     mask = loss_mask.to(logp.dtype)
     n = int(mask.sum())
     return -(logp * mask).sum() / max(n, 1), n
