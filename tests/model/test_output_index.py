@@ -75,3 +75,62 @@ def test_output_index_gradients_equal_the_full_forward(which):
     for a, b in zip(full_grads, part_grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     model.eval()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    prompts=st.lists(
+        st.tuples(st.integers(1, 8), st.lists(st.integers(1, 6), min_size=1, max_size=4)),
+        min_size=1,
+        max_size=5,
+    ),
+    critic=st.booleans(),
+    window=st.sampled_from([None, 3]),
+    use_index=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_shared_prefix_packing_equals_the_plain_forward(prompts, critic, window, use_index, seed):
+    """Groups of sequences with a common prompt (and answers that may start alike), with or
+    without output_index: the outputs are those of the plain packed forward."""
+    model = _model(window, critic, False)
+    g = torch.Generator().manual_seed(seed)
+    seqs, groups = [], []
+    for prompt_len, answer_lens in prompts:
+        prompt = torch.randint(0, 64, (prompt_len,), generator=g)
+        seqs += [torch.cat([prompt, torch.randint(0, 3, (n,), generator=g)]) for n in answer_lens]
+        groups.append(len(answer_lens))
+    ids = torch.cat(seqs)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    keep = torch.nonzero(torch.rand(len(ids), generator=g) < 0.5).squeeze(-1) if use_index else None
+    with torch.no_grad():
+        plain = model(ids, cu, output_index=keep)
+        shared = model(ids, cu, output_index=keep, prefix_groups=groups)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prefix_packing_gradients_and_compression():
+    from realrl.impl.model.modules.attention import PackedMeta
+    from realrl.impl.model.modules.shared_prefix import SharedPrefixes
+
+    model = _model(None, False, False).train()
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 64, (6,), generator=g)
+    seqs = [torch.cat([prompt, torch.randint(0, 64, (n,), generator=g)]) for n in (4, 3, 5)]
+    seqs.append(torch.randint(0, 64, (5,), generator=g))  # a group of one: nothing to share
+    ids = torch.cat(seqs)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0).to(torch.int32)
+    found = SharedPrefixes.find(ids, PackedMeta.from_cu_seqlens(cu, len(ids)), [3, 1])
+    assert found is not None and found.shared_lens[1] == 0 and found.shared_lens[0] >= 6
+    assert found.n_compressed == len(ids) - 2 * found.shared_lens[0]
+    torch.testing.assert_close(ids[found.represent][found.expand], ids)
+
+    def grads(**kw) -> list[torch.Tensor]:
+        model.zero_grad()
+        (model(ids, cu, **kw) ** 2).mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    for a, b in zip(grads(), grads(prefix_groups=[3, 1])):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    model.eval()
+    with pytest.raises(ValueError, match="group sizes"):
+        model(ids, cu, prefix_groups=[2, 1])

@@ -65,11 +65,15 @@ class EngineConfig:
     log-probs computed at inference and at training time agree.
     ``gradient_checkpointing``: recompute activations in backward (see ``activation_checkpointing``:
     the module's ``gradient_checkpointing_enable()``, else its ``layers`` blocks are wrapped).
+    ``share_prefixes``: compute the prefix the sequences of one sample share (the prompt of a
+    [chosen, rejected] pair, of K GRPO answers) once per forward (``modules/shared_prefix.py``);
+    the outputs are the same, the work drops by the repeated prompt tokens.
     """
 
     dtype: str = "auto"  # auto | fp32 | bf16 | fp16
     disable_dropout: bool = True
     gradient_checkpointing: bool = False
+    share_prefixes: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

@@ -7,8 +7,10 @@ sequences of all its samples packed back to back, so outputs come out in sample 
 
 Callers that read only some tokens' outputs (a reward at the last token, a policy loss on the
 answer) pass ``output_index_fn(mb) -> LongTensor[N]``: the output is then ``[N, ...]``, those
-tokens only. A module with ``accepts_output_index = True`` (ReaLModel) takes the index itself and
-skips the work nobody reads; any other module runs in full and is indexed afterwards.
+tokens only. A module whose ``packed_forward_options`` names ``output_index`` (ReaLModel) takes
+the index itself and skips the work nobody reads; any other module runs in full and is indexed
+afterwards. One naming ``prefix_groups`` is told which sequences form one sample (a pair, K
+answers to one prompt) and computes the prefix they share once (``EngineConfig.share_prefixes``).
 """
 
 from __future__ import annotations
@@ -127,12 +129,16 @@ class InferenceEngine:
         input_ids = mb.data[key]
         cu_seqlens = mb.cu_seqlens(key).to(self.device)
         index = None if output_index_fn is None else output_index_fn(mb).to(self.device)
+        options = getattr(self.module, "packed_forward_options", ())
+        kwargs: dict[str, Any] = {}
+        if index is not None and "output_index" in options:
+            kwargs["output_index"] = index
+        groups = [len(lens) for lens in mb.seqlens[key]]
+        if self.config.share_prefixes and "prefix_groups" in options and len(groups) < sum(groups):
+            kwargs["prefix_groups"] = groups
         with self._autocast():
-            if index is None:
-                return self.module(input_ids, cu_seqlens)
-            if getattr(self.module, "accepts_output_index", False):
-                return self.module(input_ids, cu_seqlens, output_index=index)
-            return self.module(input_ids, cu_seqlens)[index]
+            out = self.module(input_ids, cu_seqlens, **kwargs)
+        return out if index is None or "output_index" in kwargs else out[index]
 
     def split(self, input_: SequenceSample, mb_spec: MicroBatchSpec | None) -> list[SequenceSample]:
         """Micro-batches on the engine's device, so hooks and losses see one device (``input_``

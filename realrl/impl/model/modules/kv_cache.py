@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from realrl.impl.model.modules.attention import PackedMeta, packed_attention
+from realrl.impl.model.modules.shared_prefix import SharedPrefixes
 
 
 class KVCache:
@@ -54,7 +55,12 @@ class KVCache:
 
 @dataclasses.dataclass
 class PackedContext:
-    """Training forward or prefill: packed varlen attention; prefill also fills the cache."""
+    """Training forward or prefill: packed varlen attention; prefill also fills the cache.
+
+    With ``shared`` (shared-prefix packing, no cache) the layers run on the compressed tokens
+    and ``attend`` expands them to the original sequences; ``keep`` indices always name
+    original tokens.
+    """
 
     meta: PackedMeta
     impl: str
@@ -62,20 +68,36 @@ class PackedContext:
     cache: KVCache | None = None
     cache_slots: torch.Tensor | None = None  # from KVCache.slots: where each token's k/v go
     weight_cache: dict | None = None  # fused projection weights, reused within one generate call
+    shared: SharedPrefixes | None = None
+
+    def __post_init__(self) -> None:
+        if self.shared is not None and self.cache is not None:
+            raise ValueError("shared-prefix packing does not fill a KV cache")
+        self._positions = (
+            self.meta.positions if self.shared is None else self.meta.positions[self.shared.represent]
+        )
 
     @property
     def positions(self) -> torch.Tensor:
-        return self.meta.positions
+        return self._positions
 
     @property
     def max_position(self) -> int:
         return self.meta.max_seqlen
 
+    def rows(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The rows of ``x`` (one per computed token) for the original tokens ``keep``."""
+        return x[keep] if self.shared is None else x[self.shared.expand[keep]]
+
     def attend(self, layer: int, q, k, v, scale: float, window: int | None, keep=None) -> torch.Tensor:
         """[T, Hq, D], or [N, Hq, D] for the ``keep`` queries only (all tokens' k/v are cached)."""
         if self.cache is not None:
             self.cache.write(layer, self.cache_slots, k, v)
-        return packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p, keep)
+        if self.shared is None:
+            return packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p, keep)
+        ex = self.shared.expand
+        out = packed_attention(q[ex], k[ex], v[ex], self.meta, self.impl, scale, window, self.dropout_p, keep)
+        return out if keep is not None else out[self.shared.represent]
 
 
 @dataclasses.dataclass

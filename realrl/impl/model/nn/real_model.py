@@ -17,6 +17,7 @@ from realrl.impl.model.modules.attention import PackedMeta, resolve_attn_impl
 from realrl.impl.model.modules.kv_cache import PackedContext
 from realrl.impl.model.modules.norm import make_norm
 from realrl.impl.model.modules.rotary import RotaryEmbedding
+from realrl.impl.model.modules.shared_prefix import SharedPrefixes
 from realrl.impl.model.nn.transformer_block import TransformerBlock
 
 CRITIC_HEAD_INITS = ("reward", "zeros")
@@ -51,7 +52,8 @@ def init_critic_head(head: nn.Linear, mode: str = "reward") -> None:
 
 
 class ReaLModel(nn.Module):
-    accepts_output_index = True  # forward(..., output_index=) computes only the tokens asked for
+    # forward() options the engines may pass: outputs at some tokens only; shared-prefix packing
+    packed_forward_options = ("output_index", "prefix_groups")
 
     def __init__(
         self,
@@ -117,10 +119,18 @@ class ReaLModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, ctx, output_index if i == last else None)
         if not self.layers and output_index is not None:
-            x = x[output_index]
+            x = ctx.rows(x, output_index)
         return self.final_ln(x)
 
-    def packed_context(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, **kw: Any) -> PackedContext:
+    def packed_context(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        prefix_groups: list[int] | None = None,
+        **kw: Any,
+    ) -> PackedContext:
+        """The attention context of a packed forward; with ``prefix_groups`` (sequences per
+        group), the prefix each group's sequences share is computed once (``shared_prefix``)."""
         if input_ids.dim() != 1:
             raise ValueError(
                 f"ReaLModel expects packed 1-D input_ids [T], got shape {tuple(input_ids.shape)}"
@@ -130,7 +140,8 @@ class ReaLModel(nn.Module):
         meta = PackedMeta.from_cu_seqlens(cu_seqlens, input_ids.shape[0])
         self.check_length(meta.max_seqlen, "a packed sequence")
         dropout = self.config.attn_pdrop if self.training else 0.0
-        return PackedContext(meta, self._attn_impl_for(input_ids.device), dropout, **kw)
+        shared = None if not prefix_groups else SharedPrefixes.find(input_ids, meta, prefix_groups)
+        return PackedContext(meta, self._attn_impl_for(input_ids.device), dropout, shared=shared, **kw)
 
     def check_length(self, length: int, what: str) -> None:
         """Learned absolute positions (GPT-2) end at n_positions; rotary models extrapolate."""
@@ -149,17 +160,31 @@ class ReaLModel(nn.Module):
         return self.attn_impl
 
     def forward(
-        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, output_index: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        output_index: torch.Tensor | None = None,
+        prefix_groups: list[int] | None = None,
     ) -> torch.Tensor:
-        """logits [T, vocab] for an LM; values [T] for a critic. With ``output_index`` (long [N],
-        token indices into ``input_ids``): the outputs at those tokens only, [N, vocab] / [N],
-        equal to ``forward(...)[output_index]`` at a fraction of the last layer's and the head's
-        cost (a reward model reads one token per sequence, a policy loss only the answer)."""
+        """logits [T, vocab] for an LM; values [T] for a critic.
+
+        ``output_index`` (long [N], ascending token indices into ``input_ids``): the outputs at
+        those tokens only, [N, vocab] / [N], equal to ``forward(...)[output_index]`` at a fraction
+        of the last layer's and the head's cost (a reward model reads one token per sequence, a
+        policy loss only the answer). ``prefix_groups`` (how many consecutive sequences form each
+        group, e.g. one sample's [chosen, rejected] or K answers): the prefix a group's sequences
+        share is computed once (``modules/shared_prefix.py``); outputs are the same.
+        """
         if output_index is not None:
             output_index = output_index.to(device=input_ids.device, dtype=torch.long)
-        ctx = self.packed_context(input_ids, cu_seqlens)
-        h = self.hidden_states(input_ids, ctx, output_index)
+        ctx = self.packed_context(input_ids, cu_seqlens, prefix_groups)
+        shared = ctx.shared
+        h = self.hidden_states(
+            input_ids if shared is None else input_ids[shared.represent], ctx, output_index
+        )
         out = self.head(h)
+        if shared is not None and output_index is None:
+            out = out[shared.expand]  # back to one row per original token
         return out.squeeze(-1) if self.config.is_critic else out
 
     # ------------------------------------------------------------------ generation and HF I/O

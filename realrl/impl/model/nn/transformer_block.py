@@ -117,7 +117,7 @@ class TransformerBlock(nn.Module):
         """With ``keep`` (token indices) the block returns only those rows: what the last layer
         needs when a loss reads a few positions (the attention still sees every token)."""
         attn = self.attn(self.attn_ln(x), rope, ctx, keep)
-        x = (x if keep is None else x[keep]) + self.resid_drop(attn)
+        x = (x if keep is None else ctx.rows(x, keep)) + self.resid_drop(attn)
         h, mlp = self.mlp_ln(x), self.mlp
         if mlp.gated:
             gate, up = gate_up(h, ctx.weight_cache, mlp)
