@@ -65,6 +65,7 @@ def test_generate_outputs_the_rollout_keys_with_consistent_logprobs(tokenizer):
     mask = F.response_loss_mask(out.data["prompt_mask"], out.cu_seqlens("packed_input_ids"))
     torch.testing.assert_close(ref[mask], out.data["packed_logprobs"][mask], atol=1e-4, rtol=0)
     assert (out.data["packed_logprobs"][~mask] == 0).all()
+    assert (ref[~mask] == 0).all()  # the reference reads the answer only, like generation
 
 
 def test_one_ppo_step_raises_logprobs_of_positively_advantaged_tokens(tokenizer):

@@ -21,6 +21,7 @@ from realrl.api.core.model_api import Model, ModelInterface, register_interface
 from realrl.base import logging
 from realrl.impl.interface.common import (
     INPUT_KEY,
+    answer_loss_mask,
     logprob_index,
     mean_stats,
     packed_logprobs,
@@ -80,20 +81,25 @@ class PPOActorInterface(ModelInterface):
             gen = truncate_generation(gen, truncate_id, self.hp.truncate_after)
         out = rollout_sample(data, gen)
         if self.recompute_logprobs or self.logprob_temperature != self.hp.gen.temperature:
-            logp = self._logprobs(model, out, mb_spec) * ~_prompt_targets(out)
-            out.data["packed_logprobs"] = logp
+            out.data["packed_logprobs"] = self._logprobs(model, out, mb_spec)
         return out
 
     # -- reference inference ------------------------------------------------------------------
 
     def _logprobs(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec) -> torch.Tensor:
+        """Log-probs of the answer tokens, 0 at prompt targets (as generation writes them): the
+        last layer and the head run on the answer-predicting tokens only."""
         t = self.logprob_temperature
         return model.module.forward(
-            data, mb_spec, post_hook=lambda out, mb: packed_logprobs(out, mb, t).cpu()
+            data,
+            mb_spec,
+            post_hook=lambda out, mb: packed_logprobs(out, mb, t, answer_loss_mask(mb)).cpu(),
+            output_index_fn=_ANSWER_INDEX,
         ).float()
 
     def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
-        """``packed_ref_logprobs`` (temperature-scaled like the actor's, seed 002 PPO detail 1)."""
+        """``packed_ref_logprobs`` (temperature-scaled like the actor's, seed 002 PPO detail 1) of
+        the answer tokens; 0 at prompt targets, where no loss or KL penalty reads them."""
         require_keys(data, (INPUT_KEY,), "ppo_actor.inference")
         logp = self._logprobs(model, data, mb_spec or MicroBatchSpec())
         return token_minus_one_sample(data, "packed_ref_logprobs", logp)
@@ -171,9 +177,7 @@ def _ppo_loss_mask(mb: SequenceSample) -> torch.Tensor:
     return mb.data["ppo_loss_mask"]
 
 
-def _prompt_targets(data: SequenceSample) -> torch.Tensor:
-    """bool [T - B]: token j + 1 is a prompt token (its log-prob is 0 in ``packed_logprobs``)."""
-    return ~F.response_loss_mask(data.data["prompt_mask"], data.cu_seqlens(INPUT_KEY))
+_ANSWER_INDEX = logprob_index(answer_loss_mask)
 
 
 @dataclasses.dataclass
