@@ -147,3 +147,32 @@ def test_scheduler_state_round_trip():
 def test_bad_optimizer_config_names_the_field(kw, field):
     with pytest.raises(ValueError, match=f"OptimizerConfig.{field}"):
         OptimizerConfig(**kw)
+
+
+def test_build_optimizer_is_fused_on_cpu_and_matches_the_plain_update():
+    """The factory's fused AdamW takes the same steps as the per-parameter loop (fp32 rounding)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    twin = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    twin.load_state_dict(module.state_dict())
+    cfg = OptimizerConfig(lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(module, cfg)
+    assert opt.defaults["fused"] is True
+    plain = torch.optim.AdamW(
+        [
+            {"params": [p for p in twin.parameters() if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in twin.parameters() if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-2,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        foreach=False,
+    )
+    x = torch.randn(5, 8)
+    for _ in range(4):
+        for m, o in ((module, opt), (twin, plain)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            o.step()
+    for a, b in zip(module.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
