@@ -46,6 +46,9 @@ class BenchSpec:
     # None: both sides start from the same random weights; else an HF checkpoint folder (e.g. the
     # toy SFT model) whose body both sides start from (the RM head is drawn from ``seed``)
     init: str | None = None
+    # realrl's model workers (allocation d<workers>: every model data-parallel over them, the
+    # batch split between them); TRL runs one process
+    workers: int = 1
 
     @property
     def bench_dir(self) -> str:

@@ -29,6 +29,7 @@ def _common(spec: BenchSpec, steps: int) -> list[str]:
         "mode=local",
         f"exp_ctrl.total_train_steps={steps}",
         "exp_ctrl.total_train_epochs=100",
+        f"allocation_mode=d{spec.workers}",
     ]
 
 

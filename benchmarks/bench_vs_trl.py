@@ -229,13 +229,31 @@ def main(argv: list[str] | None = None) -> None:
         help="OMP/MKL threads of every process on both sides (0: torch's default). On 2 shared cores"
         " 1 thread is ~3-4x faster than 2 for both sides (see docs/bench_vs_trl.md)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="realrl model workers, each model data-parallel over them (e.g. 2 on 2 cores, with"
+        " --threads 1 --trl-threads 2: each side uses the whole machine its own way)",
+    )
+    parser.add_argument(
+        "--trl-threads", type=int, default=None, help="TRL's torch threads (default: --threads)"
+    )
     parser.add_argument("--child", nargs=4, metavar=("SIDE", "TASK", "SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child_main(*args.child)
         return
 
-    spec = BenchSpec(fileroot=args.fileroot, seed=args.seed, rw_steps=30, grpo_steps=8, init=args.init)
+    spec = BenchSpec(
+        fileroot=args.fileroot,
+        seed=args.seed,
+        rw_steps=30,
+        grpo_steps=8,
+        init=args.init,
+        workers=args.workers,
+    )
+    threads = {"realrl": args.threads, "trl": args.threads if args.trl_threads is None else args.trl_threads}
     if args.quick:
         spec.rw_steps, spec.grpo_steps, spec.eval_prompts = 8, 3, 200
     if args.steps is not None:
@@ -256,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     for task in tasks:
         res = {}
         for side in SIDES:
-            r = measure(task, side, spec, spec_path, args.threads)
+            r = measure(task, side, spec, spec_path, threads[side])
             r["tokens_per_s"] = throughput(task, side, r, spec, shared)
             res[side] = r
         print(f"  evaluating {task} ...", flush=True)
@@ -277,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
                 "torch threads realrl / TRL",
                 f"{res['realrl']['torch_threads']} / {res['trl']['torch_threads']}",
             ),
+            ("realrl model workers (data-parallel)", str(spec.workers)),
         ]
         extra.append(("peak RSS per process, realrl, MB", _per_process(res["realrl"])))
         extra.append(

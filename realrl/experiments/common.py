@@ -121,6 +121,7 @@ def experiment_config(
         import_modules=list(common.import_modules),
         device=common.resolved_device(),
         torch_threads=common.torch_threads,
+        retain_freed_memory=common.retain_freed_memory,
         **extra,
     )
 

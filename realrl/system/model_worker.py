@@ -22,7 +22,7 @@ from realrl.api.core.config import ModelBackendAbstraction
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ModelWorkerConfig
-from realrl.base import logging, network, seeding
+from realrl.base import host_memory, logging, network, seeding
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.system import checkpointing, names
 from realrl.system.data_transfer import TensorStore, run_transfers
@@ -147,6 +147,8 @@ class ModelWorker(WorkerBase):
         import_plugins(cfg.import_modules)
         seeding.set_random_seed(cfg.seed, cfg.worker_index)
         torch.set_num_threads(cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.n_model_workers))
+        if cfg.retain_freed_memory and not host_memory.retain_freed_memory():
+            logger.info("%s: retain_freed_memory needs glibc; the allocator keeps its defaults", self.name)
         self._init_process_group()
         for role, workers in sorted(req.dp_groups.items()):  # every rank creates every group, same order
             group = dist.new_group(sorted(workers)) if len(workers) > 1 else None

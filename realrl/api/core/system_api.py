@@ -103,6 +103,7 @@ class ModelWorkerConfig:
     bind_host: str | None  # None: the node's address (ray mode on a cluster)
     device: str = "cpu"
     torch_threads: int | None = None  # None: this machine's cores shared evenly by the workers on it
+    retain_freed_memory: bool = True  # base/host_memory.py: no page-fault churn on activations
 
     @property
     def worker_name(self) -> str:
@@ -146,6 +147,7 @@ class ExperimentConfig:
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     device: str = "cpu"
     torch_threads: int | None = None  # CPU threads per worker; None: cores // workers on the machine
+    retain_freed_memory: bool = True  # workers keep freed host memory (base/host_memory.py)
 
     def __post_init__(self) -> None:
         if not self.mfcs:
@@ -283,6 +285,7 @@ class ExperimentConfig:
                     bind_host=bind_host,
                     device=self.device,
                     torch_threads=self.torch_threads,
+                    retain_freed_memory=self.retain_freed_memory,
                 )
             )
         return configs

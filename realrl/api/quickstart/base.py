@@ -52,6 +52,7 @@ class CommonExperimentConfig:
     seed: int = 1
     device: str = "auto"
     torch_threads: int | None = None  # CPU threads per model worker; default: cores // workers
+    retain_freed_memory: bool = True  # model workers keep freed host memory (no per-step page faults)
     exp_ctrl: ExperimentSaveEvalControl = dataclasses.field(default_factory=ExperimentSaveEvalControl)
     recover_mode: str = "disabled"
     recover_retries: int = 1
