@@ -9,14 +9,15 @@ GRPO: 64 prompts x 4 answers a step, 13 new tokens, temperature 1, k3 KL 0.04 in
 is one TRL generation round of 16 optimizer steps). The reward is the toy task's hidden rule
 (``toy_sentiment``), decoded completions in, on both sides.
 
-Each side runs in its own child process, one after the other (never in parallel); the parent
-samples RSS and CPU time of the child's whole process tree (realrl's master and workers).
-Step time is the median over steps after the first; tokens/s counts real (unpadded) tokens:
+Each side runs in its own child process, one after the other (never in parallel), ``--rounds``
+times, alternating which side goes first; the parent samples RSS and CPU time of the child's
+whole process tree (realrl's master and workers). Step time is the median over steps after the
+first, then the median over rounds; tokens/s counts real (unpadded) tokens:
 RM, chosen + rejected of each pair; GRPO, generated tokens + tokens trained on (epochs x
 prompt + answer). Held-out scores come from ONE evaluator (realrl's toy evaluation) reading
 both sides' saved HF folders.
 
-    python benchmarks/bench_vs_trl.py [--quick] [--steps N] [--tasks rw,grpo] [--threads 1] [--fileroot DIR]
+    python benchmarks/bench_vs_trl.py [--quick] [--rounds 3] [--steps N] [--tasks rw,grpo] [--threads 1]
 """
 
 from __future__ import annotations
@@ -100,6 +101,21 @@ def measure(task: str, side: str, spec: BenchSpec, spec_path: str, threads: int 
     result["startup_s"] = result["step_ends"][0] - proc["t_start"]  # child start to first step done
     result.update(proc)
     return result
+
+
+ROUND_MEDIANS = ("step_s", "cpu_step_s", "startup_s", "process_wall_s", "peak_rss_mb")
+
+
+def combine_rounds(rounds: list[dict]) -> dict:
+    """One side's figures over its rounds: the median of each timing and memory figure; the
+    rest (checkpoint, records, per-MFC seconds) from the last round."""
+    out = dict(rounds[-1])
+    for key in ROUND_MEDIANS:
+        vals = [r[key] for r in rounds if r.get(key) is not None]
+        if vals:
+            out[key] = statistics.median(vals)
+    out["round_step_s"] = [r["step_s"] for r in rounds]
+    return out
 
 
 def evaluate(task: str, side: str, result: dict, spec: BenchSpec, paths: dict[str, str]) -> dict:
@@ -211,7 +227,9 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=None, help="steps of both tasks (default rw 30, grpo 8)")
-    parser.add_argument("--quick", action="store_true", help="rw 8 steps, grpo 3 steps, 200 eval prompts")
+    parser.add_argument(
+        "--quick", action="store_true", help="rw 8 steps, grpo 3 steps, 200 eval prompts, 1 round"
+    )
     parser.add_argument("--tasks", default="rw,grpo")
     parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
     parser.add_argument("--seed", type=int, default=1)
@@ -228,6 +246,13 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="OMP/MKL threads of every process on both sides (0: torch's default). On 2 shared cores"
         " 1 thread is ~3-4x faster than 2 for both sides (see docs/bench_vs_trl.md)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="runs of each side per task, alternating which goes first; timings are the medians"
+        " (the machine's speed drifts by 10-30%% over minutes here)",
     )
     parser.add_argument(
         "--workers",
@@ -256,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     threads = {"realrl": args.threads, "trl": args.threads if args.trl_threads is None else args.trl_threads}
     if args.quick:
         spec.rw_steps, spec.grpo_steps, spec.eval_prompts = 8, 3, 200
+        args.rounds = 1
     if args.steps is not None:
         spec.rw_steps = spec.grpo_steps = args.steps
     if args.eval_prompts is not None:
@@ -272,11 +298,13 @@ def main(argv: list[str] | None = None) -> None:
     all_results: dict = {"spec": spec.__dict__, "shared": shared}
     reports = []
     for task in tasks:
-        res = {}
+        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+        for k in range(args.rounds):  # alternate who goes first: drift of the machine hits both
+            for side in SIDES if k % 2 == 0 else SIDES[::-1]:
+                runs[side].append(measure(task, side, spec, spec_path, threads[side]))
+        res = {side: combine_rounds(runs[side]) for side in SIDES}
         for side in SIDES:
-            r = measure(task, side, spec, spec_path, threads[side])
-            r["tokens_per_s"] = throughput(task, side, r, spec, shared)
-            res[side] = r
+            res[side]["tokens_per_s"] = throughput(task, side, res[side], spec, shared)
         print(f"  evaluating {task} ...", flush=True)
         for side in SIDES:
             res[side].update(evaluate(task, side, res[side], spec, paths))
@@ -296,6 +324,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"{res['realrl']['torch_threads']} / {res['trl']['torch_threads']}",
             ),
             ("realrl model workers (data-parallel)", str(spec.workers)),
+            (
+                "step time per round (run order alternates), realrl / TRL, s",
+                "; ".join(
+                    f"{a:.3g} / {b:.3g} ({b / a:.2f}x)"
+                    for a, b in zip(res["realrl"]["round_step_s"], res["trl"]["round_step_s"])
+                ),
+            ),
         ]
         extra.append(("peak RSS per process, realrl, MB", _per_process(res["realrl"])))
         extra.append(
