@@ -9,6 +9,7 @@ never needs them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -81,22 +82,26 @@ class PPOTrainState:
         source = full if hp.whiten_scope == "batch" else data
         generator = torch.Generator().manual_seed(hp.shuffle_seed * 1_000_003 + model.version.global_step)
         step_stats, prep_stats = [], []
-        for _ in range(hp.ppo_n_epochs):
-            for mb in shuffled_minibatches(source, hp.ppo_n_minibatches, generator):
-                if hp.whiten_scope == "minibatch":
-                    mb, st = prepare_advantages(hp, self.kl_ctl.value, mb, truncate_id)
-                    prep_stats.append(st)
-                step_stats.append(
-                    model.module.train_batch(
-                        input_=mb,
-                        mb_spec=mb_spec or MicroBatchSpec(),
-                        loss_fn=loss_fn,
-                        loss_weight_fn=lambda m: float(m.data["ppo_loss_mask"].sum()),
-                        token_normalize_scope=token_normalize_scope,
-                        version_steps=model.version.global_step,
-                        output_index_fn=output_index_fn,
+        engine = model.module
+        # one mode switch for all the updates instead of two per update (a module walk each)
+        hold_train_mode = engine.mode(training=True) if hasattr(engine, "mode") else contextlib.nullcontext()
+        with hold_train_mode:
+            for _ in range(hp.ppo_n_epochs):
+                for mb in shuffled_minibatches(source, hp.ppo_n_minibatches, generator):
+                    if hp.whiten_scope == "minibatch":
+                        mb, st = prepare_advantages(hp, self.kl_ctl.value, mb, truncate_id)
+                        prep_stats.append(st)
+                    step_stats.append(
+                        engine.train_batch(
+                            input_=mb,
+                            mb_spec=mb_spec or MicroBatchSpec(),
+                            loss_fn=loss_fn,
+                            loss_weight_fn=lambda m: float(m.data["ppo_loss_mask"].sum()),
+                            token_normalize_scope=token_normalize_scope,
+                            version_steps=model.version.global_step,
+                            output_index_fn=output_index_fn,
+                        )
                     )
-                )
         return step_stats, prep_stats
 
     def state_dict(self) -> dict[str, Any]:

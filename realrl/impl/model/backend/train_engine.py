@@ -105,7 +105,7 @@ class TrainEngine(InferenceEngine):
             logger.warning("train_batch: total loss weight is 0 (no loss tokens); the gradient is zero")
 
         loss_sum, stat_sums, n_tokens = 0.0, {}, 0
-        with self._mode(training=True):
+        with self.mode(training=True):
             for mb, w in zip(mbs, weights):
                 if w == 0:  # nothing to learn here; its mean loss may be 0/0 = NaN, which * 0 stays NaN
                     continue
