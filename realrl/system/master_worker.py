@@ -82,6 +82,7 @@ class MasterWorker:
         self.start_step = 0  # > 0 when resuming from a recover point
         self.trained = config.trained_roles()
         self.recover_saved: dict[int, set[str]] = {}
+        self.recover_ready: list[int] = []  # saved by every trained role, waiting for their records
         self.stats_path = os.path.join(config.run_dir, "stats.jsonl")
 
     # -- the run ---------------------------------------------------------------------------------
@@ -263,8 +264,18 @@ class MasterWorker:
             saved = self.recover_saved.setdefault(steps_done, set())
             saved.add(role)
             if saved == set(self.trained):
-                checkpointing.mark_recover_point(cfg.run_dir, steps_done)
                 del self.recover_saved[steps_done]
+                self.recover_ready.append(steps_done)
+                self._mark_recover_points()
+
+    def _mark_recover_points(self) -> None:
+        """Mark the newest complete recover point whose steps all have their record in
+        stats.jsonl: a run killed between a checkpoint and its step's record resumes from the
+        point before, and loses no record."""
+        ready = [s for s in self.recover_ready if s <= self.progress.steps_done]
+        if ready:
+            checkpointing.mark_recover_point(self.config.run_dir, max(ready))
+            self.recover_ready = [s for s in self.recover_ready if s > max(ready)]
 
     def _maybe_finish_step(self, step: int) -> None:
         while self.progress.steps_done < self.total_steps and all(
@@ -279,6 +290,7 @@ class MasterWorker:
             logger.info("step %d/%d done: %s", done + 1, self.total_steps, _brief(record))
             self.on_step(record, self.total_steps)
             self.progress.steps_done += 1
+        self._mark_recover_points()
 
     # -- shutdown ----------------------------------------------------------------------------------
 

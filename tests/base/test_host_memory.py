@@ -15,12 +15,18 @@ from realrl.base.host_memory import retain_freed_memory
 if sys.argv[1] == "on":
     assert retain_freed_memory()
 x = torch.randn(512, 1024)
+
+
+def step():  # a training step's pattern: many 2 MiB activations live at once, then all freed
+    ys = [x * 2 for _ in range(16)]
+    del ys
+
+
 for _ in range(3):
-    (x * 2).sum()
+    step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(50):
-    y = x * 2  # a 2 MiB result, freed each time round
-    del y
+for _ in range(20):
+    step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
@@ -35,5 +41,6 @@ def _faults(mode: str) -> int:
 )
 def test_retained_memory_avoids_page_faults_on_reallocation():
     default, retained = _faults("off"), _faults("on")
-    assert retained < 50, retained  # served from the kept heap
-    assert default > 5 * max(retained, 1), (default, retained)  # glibc's defaults fault each time
+    # glibc's defaults trim the freed heap and page the next step's buffers in again (9k-160k
+    # faults here); retained, the kept heap serves them (0-1k)
+    assert default > 8 * retained + 1000, (default, retained)
