@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import transformers
+
+from realrl.api.core.model_api import ReaLModelConfig
+from realrl.impl.model.nn.real_model import ReaLModel
 
 VOCAB = 97
 
@@ -107,3 +112,22 @@ def packed(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tenso
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths).cumsum(0)
     return ids, cu
+
+
+@functools.cache
+def tiny_real_model(window: int | None = None, critic: bool = False, qk_norm: bool = False) -> ReaLModel:
+    """A 2-layer GQA ReaLModel (vocab 64) in eval mode, built once per option set; a test that
+    switches it to train mode switches it back."""
+    torch.manual_seed(0)
+    cfg = ReaLModelConfig(
+        n_layers=2,
+        n_q_heads=4,
+        n_kv_heads=2,
+        hidden_dim=32,
+        intermediate_dim=48,
+        vocab_size=64,
+        sliding_window=window,
+        is_critic=critic,
+        qk_layernorm=qk_norm,
+    )
+    return ReaLModel(cfg).eval()

@@ -2,32 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from realrl.api.core.model_api import ReaLModelConfig
-from realrl.impl.model.nn.real_model import ReaLModel
-
-
-@functools.cache
-def _model(window: int | None, critic: bool, qk_norm: bool) -> ReaLModel:
-    torch.manual_seed(0)
-    cfg = ReaLModelConfig(
-        n_layers=2,
-        n_q_heads=4,
-        n_kv_heads=2,
-        hidden_dim=32,
-        intermediate_dim=48,
-        vocab_size=64,
-        sliding_window=window,
-        is_critic=critic,
-        qk_layernorm=qk_norm,
-    )
-    return ReaLModel(cfg).eval()
+from model_fixtures import tiny_real_model
 
 
 @settings(max_examples=30, deadline=None)
@@ -39,7 +18,7 @@ def _model(window: int | None, critic: bool, qk_norm: bool) -> ReaLModel:
     seed=st.integers(0, 1000),
 )
 def test_output_index_equals_full_forward_at_those_tokens(lengths, window, critic, qk_norm, seed):
-    model = _model(window, critic, qk_norm)
+    model = tiny_real_model(window, critic, qk_norm)
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)
     ids = torch.randint(0, 64, (total,), generator=g)
@@ -55,7 +34,7 @@ def test_output_index_equals_full_forward_at_those_tokens(lengths, window, criti
 @pytest.mark.parametrize("which", ["last", "answer"])
 def test_output_index_gradients_equal_the_full_forward(which):
     """The gradient of a loss over some tokens is the same whichever way they are computed."""
-    model = _model(None, which == "last", False).train()
+    model = tiny_real_model(None, which == "last", False).train()
     lengths = [5, 9, 3, 7]
     ids = torch.randint(0, 64, (sum(lengths),), generator=torch.Generator().manual_seed(1))
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
@@ -92,7 +71,7 @@ def test_output_index_gradients_equal_the_full_forward(which):
 def test_shared_prefix_packing_equals_the_plain_forward(prompts, critic, window, use_index, seed):
     """Groups of sequences with a common prompt (and answers that may start alike), with or
     without output_index: the outputs are those of the plain packed forward."""
-    model = _model(window, critic, False)
+    model = tiny_real_model(window, critic, False)
     g = torch.Generator().manual_seed(seed)
     seqs, groups = [], []
     for prompt_len, answer_lens in prompts:
@@ -112,7 +91,7 @@ def test_shared_prefix_packing_gradients_and_compression():
     from realrl.impl.model.modules.attention import PackedMeta
     from realrl.impl.model.modules.shared_prefix import SharedPrefixes
 
-    model = _model(None, False, False).train()
+    model = tiny_real_model(None, False, False).train()
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 64, (6,), generator=g)
     seqs = [torch.cat([prompt, torch.randint(0, 64, (n,), generator=g)]) for n in (4, 3, 5)]
