@@ -138,9 +138,10 @@ class InferenceEngine:
         kwargs: dict[str, Any] = {}
         if index is not None and "output_index" in options:
             kwargs["output_index"] = index
-        groups = [len(lens) for lens in mb.seqlens[key]]
-        if self.config.share_prefixes and "prefix_groups" in options and len(groups) < sum(groups):
-            kwargs["prefix_groups"] = groups
+        if self.config.share_prefixes and "prefix_groups" in options:
+            groups = [len(lens) for lens in mb.seqlens[key]]
+            if len(groups) < sum(groups):  # some sample holds several sequences
+                kwargs["prefix_groups"] = groups
         with self._autocast():
             out = self.module(input_ids, cu_seqlens, **kwargs)
         return out if index is None or "output_index" in kwargs else out[index]
