@@ -1,9 +1,12 @@
 """Forward+backward tokens/s: ReaLModel on packed sequences vs transformers on a padded batch.
 
-Same weights (a ~16M-parameter llama-like model, random init), CPU, 2 threads, 32 sequences of
-16-128 tokens. "Tokens" are real (non-pad) tokens for both, so the ratio is useful work per second.
+Same weights (a llama-like model, random init), 32 sequences of 16-128 tokens. "Tokens" are real
+(non-pad) tokens for both, so the ratio is useful work per second. By default a ~16M-parameter
+model on CPU with 2 threads; ``--device cuda --size 1b`` runs a ~1.1B-parameter model in bf16 on a
+GPU (ReaLModel picks its CUDA varlen kernel, transformers its sdpa on the padded batch), and
+``--n-seqs/--min-len/--max-len`` set the batch.
 
-    python benchmarks/bench_forward.py [--repeats 3]
+    python benchmarks/bench_forward.py [--repeats 3] [--device cuda --size 1b --max-len 1024]
 """
 
 from __future__ import annotations
@@ -20,33 +23,65 @@ from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
 
-CONFIG = dict(
-    n_layers=6,
-    n_q_heads=6,
-    n_kv_heads=2,
-    hidden_dim=384,
-    intermediate_dim=1024,
-    vocab_size=8000,
-    n_positions=512,
-)
+SIZES = {
+    "tiny": dict(
+        n_layers=6,
+        n_q_heads=6,
+        n_kv_heads=2,
+        hidden_dim=384,
+        intermediate_dim=1024,
+        vocab_size=8000,
+        n_positions=512,
+    ),
+    "1b": dict(  # TinyLlama-1.1B's shape
+        n_layers=22,
+        n_q_heads=32,
+        n_kv_heads=4,
+        hidden_dim=2048,
+        intermediate_dim=5632,
+        vocab_size=32000,
+        n_positions=4096,
+    ),
+}
+CONFIG = SIZES["tiny"]
 
 
-def build_models(seed: int = 0) -> tuple[ReaLModel, transformers.PreTrainedModel]:
+def add_model_args(ap: argparse.ArgumentParser, n: int = 32, lo: int = 16, hi: int = 128) -> None:
+    ap.add_argument("--device", default="cpu", help="cpu (fp32, 2 threads) or cuda (bf16)")
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--n-seqs", type=int, default=n)
+    ap.add_argument("--min-len", type=int, default=lo)
+    ap.add_argument("--max-len", type=int, default=hi)
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def build_models(
+    seed: int = 0, size: str = "tiny", device: str = "cpu"
+) -> tuple[ReaLModel, transformers.PreTrainedModel]:
     """The same random llama-like weights as a ReaLModel and as a transformers model."""
     torch.manual_seed(seed)
-    ours = ReaLModel(ReaLModelConfig(**CONFIG, eos_token_id=1, bos_token_id=0), attn_impl="sdpa")
+    on_cuda = torch.device(device).type == "cuda"
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    config = ReaLModelConfig(**SIZES[size], eos_token_id=1, bos_token_id=0)
     with tempfile.TemporaryDirectory() as d:
-        ours.save_pretrained(os.path.join(d, "m"))
+        ReaLModel(config, attn_impl="sdpa").save_pretrained(os.path.join(d, "m"))
+        ours = ReaLModel.from_pretrained(os.path.join(d, "m"), dtype=dtype, device=device)
         hf = transformers.AutoModelForCausalLM.from_pretrained(
-            os.path.join(d, "m"), dtype=torch.float32, attn_implementation="sdpa"
-        )
+            os.path.join(d, "m"), dtype=dtype, attn_implementation="sdpa"
+        ).to(device)
     return ours, hf
 
 
-def make_prompts(n: int = 32, lo: int = 16, hi: int = 128, seed: int = 1) -> list[torch.Tensor]:
+def make_prompts(
+    n: int = 32, lo: int = 16, hi: int = 128, seed: int = 1, vocab: int = CONFIG["vocab_size"]
+) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
-    return [torch.randint(2, CONFIG["vocab_size"], (L,), generator=g) for L in lens]
+    return [torch.randint(2, vocab, (L,), generator=g) for L in lens]
 
 
 def pad_left(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,18 +94,20 @@ def pad_left(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
-def best_times(fns: list, repeats: int) -> list[tuple[float, float]]:
+def best_times(fns: list, repeats: int, device: str = "cpu") -> list[tuple[float, float]]:
     """(best wall seconds, best process CPU seconds) of each function, alternating them so that
     load from other processes on a shared machine hits both sides alike. CPU seconds are the
     steadier figure when the machine is shared (wall time then includes waiting for a core)."""
     for fn in fns:
         fn()  # warm-up
+    sync(device)
     wall = [float("inf")] * len(fns)
     cpu = [float("inf")] * len(fns)
     for _ in range(repeats):
         for i, fn in enumerate(fns):
             t0, c0 = time.perf_counter(), time.process_time()
             fn()
+            sync(device)
             wall[i] = min(wall[i], time.perf_counter() - t0)
             cpu[i] = min(cpu[i], time.process_time() - c0)
     return list(zip(wall, cpu))
@@ -79,21 +116,23 @@ def best_times(fns: list, repeats: int) -> list[tuple[float, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2)
+    add_model_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    ours, hf = build_models()
+    ours, hf = build_models(size=args.size, device=args.device)
     ours.train()
     hf.train()
-    seqs = make_prompts()
+    seqs = make_prompts(args.n_seqs, args.min_len, args.max_len, vocab=SIZES[args.size]["vocab_size"])
     n_tokens = sum(len(s) for s in seqs)
-    ids = torch.cat(seqs)
+    ids = torch.cat(seqs).to(args.device)
     cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor([len(s) for s in seqs]).cumsum(0)
-    pids, pmask = pad_left(seqs)
+    cu = cu.to(args.device)
+    pids, pmask = (t.to(args.device) for t in pad_left(seqs))
 
     def ours_step():
         logits = ours(ids, cu)
-        loss = -gather_packed_shifted_log_probs(logits, cu, ids).mean()
+        loss = -gather_packed_shifted_log_probs(logits.float(), cu, ids).mean()
         loss.backward()
         ours.zero_grad(set_to_none=True)
 
@@ -107,11 +146,24 @@ def main() -> None:
         hf.zero_grad(set_to_none=True)
 
     n_params = sum(p.numel() for p in ours.parameters())
-    (w_ours, c_ours), (w_hf, c_hf) = best_times([ours_step, hf_step], args.repeats)
+    peaks = []
+    for step in (ours_step, hf_step):
+        if args.device != "cpu":
+            torch.cuda.reset_peak_memory_stats()
+        step()
+        peaks.append(torch.cuda.max_memory_allocated() / 2**30 if args.device != "cpu" else 0.0)
+    (w_ours, c_ours), (w_hf, c_hf) = best_times([ours_step, hf_step], args.repeats, args.device)
+    where = (
+        f"threads={torch.get_num_threads()}"
+        if args.device == "cpu"
+        else f"{args.device} bf16, {ours.attn_impl}"
+    )
     print(
         f"model: llama-like, {n_params / 1e6:.1f}M params; {len(seqs)} sequences, {n_tokens} tokens "
-        f"(padded batch {pids.numel()} slots); threads={torch.get_num_threads()}"
+        f"(padded batch {pids.numel()} slots); {where}"
     )
+    if args.device != "cpu":
+        print(f"peak GPU memory of a step: ReaLModel {peaks[0]:.2f} GiB, HF {peaks[1]:.2f} GiB")
     print(f"{'':30s} {'wall tokens/s':>14s} {'CPU-time tokens/s':>18s}")
     print(f"{'ReaLModel packed fwd+bwd':30s} {n_tokens / w_ours:14.0f} {n_tokens / c_ours:18.0f}")
     print(f"{'transformers padded fwd+bwd':30s} {n_tokens / w_hf:14.0f} {n_tokens / c_hf:18.0f}")

@@ -1,7 +1,8 @@
 """Generation tokens/s: ReaLModel (packed prompts, KV cache, finished rows dropped) vs
 transformers ``generate`` (left-padded batch, KV cache), same weights and sampling settings.
 
-~16M-parameter llama-like model (random init), CPU, 2 threads, 32 prompts of 16-128 tokens,
+~16M-parameter llama-like model (random init), CPU, 2 threads, 32 prompts of 16-128 tokens (or
+``--device cuda --size 1b``: ~1.1B parameters in bf16 on a GPU; ``--n-seqs/--min-len/--max-len``),
 sampling at temperature 1 (top-k 0, top-p 1) for up to ``--max-new`` tokens. With random
 weights EOS is rare; ``--eos-ids K`` makes the first K token ids all count as EOS so that
 responses end at varied lengths, as in RLHF (both sides use the same EOS set).
@@ -15,7 +16,7 @@ import argparse
 import time
 
 import torch
-from bench_forward import build_models, make_prompts, pad_left
+from bench_forward import SIZES, add_model_args, build_models, make_prompts, pad_left, sync
 
 from realrl.api.core.model_api import GenerationHyperparameters
 
@@ -25,17 +26,19 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--eos-ids", type=int, default=1, help="token ids 1..K all end a sequence")
     ap.add_argument("--repeats", type=int, default=2)
+    add_model_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    ours, hf = build_models()
+    ours, hf = build_models(size=args.size, device=args.device)
     ours.eval()
     hf.eval()
-    prompts = make_prompts()
+    prompts = make_prompts(args.n_seqs, args.min_len, args.max_len, vocab=SIZES[args.size]["vocab_size"])
     eos = list(range(1, args.eos_ids + 1))
-    ids = torch.cat(prompts)
+    ids = torch.cat(prompts).to(args.device)
     cu = torch.zeros(len(prompts) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor([len(p) for p in prompts]).cumsum(0)
-    pids, pmask = pad_left(prompts)
+    cu = cu.to(args.device)
+    pids, pmask = (t.to(args.device) for t in pad_left(prompts))
 
     def run_ours(max_new: int = args.max_new) -> int:
         g = GenerationHyperparameters(max_new_tokens=max_new, temperature=1.0, top_k=0, top_p=1.0)
@@ -57,7 +60,7 @@ def main() -> None:
             )
         resp = out[:, pids.shape[1] :]
         # count tokens up to and including the first EOS, like ReaLModel's output
-        is_eos = torch.isin(resp, torch.tensor(eos))
+        is_eos = torch.isin(resp, torch.tensor(eos, device=resp.device))
         first = torch.where(
             is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(resp[:, 0], resp.shape[1])
         )
@@ -67,6 +70,7 @@ def main() -> None:
         torch.manual_seed(seed)
         t0, c0 = time.perf_counter(), time.process_time()
         n = fn()
+        sync(args.device)
         return time.perf_counter() - t0, time.process_time() - c0, n
 
     run_ours(4), run_hf(4)  # warm-up (short: the timed runs repeat)
@@ -79,7 +83,12 @@ def main() -> None:
             counts[key] += n
     print(
         f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
-        f"max_new_tokens={args.max_new}, {args.eos_ids} EOS id(s); threads={torch.get_num_threads()}"
+        f"max_new_tokens={args.max_new}, {args.eos_ids} EOS id(s); "
+        + (
+            f"threads={torch.get_num_threads()}"
+            if args.device == "cpu"
+            else f"{args.device} bf16, {ours.attn_impl}"
+        )
     )
     print(f"{'':24s} {'wall tokens/s':>14s} {'CPU-time tokens/s':>18s} {'new tokens/run':>15s}")
     for key, label in (("ours", "ReaLModel generate"), ("hf", "transformers generate")):

@@ -118,3 +118,22 @@ def test_generation_matches_unbatched_generation(tmp_path):
             torch.tensor(prompt), torch.tensor([0, len(prompt)], dtype=torch.int32), g, eos
         )
         assert alone.sequences.tolist() == together[i]
+
+
+def test_fp32_weights_under_bf16_autocast_forward_and_generate(tmp_path):
+    """The train engine's mixed precision: fp32 master weights, bf16 autocast. Rotary tables and
+    the KV cache follow the projections' dtype (bf16), not the weights'; outputs stay close to
+    the fp32 model's."""
+    _, model = _load("llama", tmp_path)
+    ids, cu = packed(PROMPTS, seed=5)
+    with torch.no_grad():
+        ref = model(ids, cu)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(ids, cu)
+            out = model.generate(ids, cu, GenerationHyperparameters(max_new_tokens=6, greedy=True), EOS)
+    assert low.dtype == torch.bfloat16
+    assert (low.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+    assert len(out.seqlens) == len(PROMPTS) and out.sequences.dtype == torch.long
+    # the prompts come back unchanged at the head of each sequence
+    seqs = _split(out.sequences, out.seqlens)
+    assert [s[:n] for s, n in zip(seqs, PROMPTS)] == _split(ids, PROMPTS)

@@ -8,7 +8,9 @@ tokens across sequence boundaries. ``sdpa`` is exact on any device; ``flash_attn
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -57,19 +59,37 @@ def torch_varlen_available() -> bool:
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None
 
 
-def resolve_attn_impl(impl: str, device: torch.device | str | None) -> str:
-    """``auto`` -> flash_attn, then torch_varlen on CUDA; sdpa otherwise."""
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # what the CUDA varlen kernels take
+
+
+def activation_dtype(weight_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype projections produce: autocast's where it is on for ``device`` (fp32 master
+    weights, bf16 compute), else the weights'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return weight_dtype
+
+
+def resolve_attn_impl(impl: str, device: torch.device | str | None, dtype: torch.dtype | None = None) -> str:
+    """``auto`` -> flash_attn, then torch_varlen on CUDA with fp16/bf16 activations; sdpa otherwise
+    (fp32 on a GPU included: the varlen kernels have no fp32 path)."""
     if impl not in ATTN_IMPLS:
         raise ValueError(f"unknown attn_impl {impl!r}; expected one of {ATTN_IMPLS}")
     on_cuda = torch.device(device or "cpu").type == "cuda"
+    half = dtype is None or dtype in HALF_DTYPES
     if impl == "auto":
-        if on_cuda and flash_attn_available():
+        if on_cuda and half and flash_attn_available():
             return "flash_attn"
-        if on_cuda and torch_varlen_available():
+        if on_cuda and half and torch_varlen_available():
             return "torch_varlen"
         return "sdpa"
     if impl in ("flash_attn", "torch_varlen") and not on_cuda:
         raise ValueError(f"attn_impl={impl!r} needs a CUDA device; use 'sdpa' (or 'auto') on {device}")
+    if impl in ("flash_attn", "torch_varlen") and not half:
+        raise ValueError(
+            f"attn_impl={impl!r} needs fp16 or bf16 activations, got {dtype}: load the model with "
+            f"dtype=bfloat16 (or train under the engine's bf16 autocast), or use attn_impl='auto'/'sdpa'"
+        )
     if impl == "flash_attn" and not flash_attn_available():
         raise ValueError("attn_impl='flash_attn' but the flash_attn package is not installed")
     return impl
@@ -165,6 +185,15 @@ def _flash_attn(q, k, v, meta: PackedMeta, scale: float, window: int | None, dro
     )
 
 
+@functools.cache
+def _varlen_params() -> frozenset[str]:
+    """The keyword arguments this torch's ``varlen_attn`` takes: 2.10 has ``is_causal``, 2.11 adds
+    ``window_size``, later releases ``enable_gqa``."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def _torch_varlen(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float, keep=None):
     from torch.nn.attention.varlen import varlen_attn
 
@@ -172,20 +201,25 @@ def _torch_varlen(q, k, v, meta: PackedMeta, scale: float, window: int | None, d
         raise ValueError(
             "attn_impl='torch_varlen' has no attention dropout; set attn_pdrop=0 or use flash_attn/sdpa"
         )
+    params = _varlen_params()
+    options: dict = {"scale": scale}
+    if "window_size" in params:
+        options["window_size"] = (window - 1, 0) if window else (-1, 0)
+    elif window:
+        raise ValueError(
+            f"attn_impl='torch_varlen' needs torch >= 2.11 for sliding-window attention (this is "
+            f"{torch.__version__}); use attn_impl='sdpa' or install flash_attn"
+        )
+    else:
+        options["is_causal"] = True
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            options["enable_gqa"] = True
+        else:  # older releases want one key/value head per query head
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     cu = meta.cu_seqlens
-    win = (window - 1, 0) if window else (-1, 0)
-    return varlen_attn(
-        q,
-        k,
-        v,
-        cu,
-        cu,
-        meta.max_seqlen,
-        meta.max_seqlen,
-        scale=scale,
-        window_size=win,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
+    return varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **options)
 
 
 _BACKENDS = {"sdpa": _sdpa_packed, "flash_attn": _flash_attn, "torch_varlen": _torch_varlen}

@@ -7,10 +7,12 @@ each row are filled, and decoding masks the rest.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from realrl.impl.model.modules.attention import PackedMeta, packed_attention
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
@@ -98,6 +100,17 @@ class PackedContext:
         ex = self.shared.expand
         out = packed_attention(q[ex], k[ex], v[ex], self.meta, self.impl, scale, window, self.dropout_p, keep)
         return out if keep is not None else out[self.shared.represent]
+
+
+def decode_attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
+    """SDPA kernels for decoding steps. On CUDA, not cuDNN's: it builds a new execution plan
+    for every new shape, and a decode step's shapes change every step (the cache grows, finished
+    rows leave): measured 3 ms of host time per call on an H100 against ~50 us for the
+    memory-efficient kernel, which takes the same additive mask (1B model, 64 prompts: 45 -> 28 ms
+    per decoding step)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 @dataclasses.dataclass

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
-from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache
+from realrl.impl.model.modules.attention import activation_dtype
+from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_attention_kernels
 from realrl.impl.model.nn.transformer_block import project
 from realrl.impl.model.utils.logits_warper import warp_logits
 
@@ -80,8 +81,9 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
         raise ValueError(f"generate() needs non-empty prompts; got prompt lengths {prompt_lens}")
     n_prompts, max_new = len(prompt_lens), g.max_new_tokens
     model.check_length(max(prompt_lens) + max_new, "prompt + max_new_tokens")
+    dtype = activation_dtype(model.dtype, device)  # bf16 under autocast with fp32 weights
     cache = KVCache(
-        cfg.n_layers, n_prompts, cfg.n_kv_heads, max(prompt_lens) + max_new, cfg.head_dim, model.dtype, device
+        cfg.n_layers, n_prompts, cfg.n_kv_heads, max(prompt_lens) + max_new, cfg.head_dim, dtype, device
     )
     lens_t = torch.tensor(prompt_lens, device=device)
     rows = torch.repeat_interleave(torch.arange(n_prompts, device=device), lens_t)
@@ -100,26 +102,27 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
     out_tokens = torch.zeros(n_seqs, max_new, dtype=torch.long, device=device)
     out_logp = torch.zeros(n_seqs, max_new, dtype=torch.float32, device=device)
     gen_lens = torch.full((n_seqs,), max_new, dtype=torch.long, device=device)
-    for step in range(max_new):
-        tokens, logp = _next_tokens(logits, g, eos, step)
-        out_tokens[live, step] = tokens
-        out_logp[live, step] = logp
-        if step == max_new - 1:
-            break
-        if eos.numel() and not g.fixed_length:
-            done = torch.isin(tokens, eos)
-            if bool(done.any()):
-                gen_lens[live[done]] = step + 1
-                keep = ~done
-                if not bool(keep.any()):
-                    break
-                live, tokens, lens = live[keep], tokens[keep], lens[keep]
-                cache.select(keep)
-                max_len = int(lens.max())  # the longest row may have finished: attend less
-        h = model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights))
-        logits = project(h, weights, model.head, lambda: (model.head.weight, None))
-        lens = lens + 1
-        max_len += 1
+    with decode_attention_kernels(device):
+        for step in range(max_new):
+            tokens, logp = _next_tokens(logits, g, eos, step)
+            out_tokens[live, step] = tokens
+            out_logp[live, step] = logp
+            if step == max_new - 1:
+                break
+            if eos.numel() and not g.fixed_length:
+                done = torch.isin(tokens, eos)
+                if bool(done.any()):
+                    gen_lens[live[done]] = step + 1
+                    keep = (~done).nonzero().squeeze(-1)  # indices: one host sync, not one per tensor
+                    if keep.numel() == 0:
+                        break
+                    live, tokens, lens = live[keep], tokens[keep], lens[keep]
+                    cache.select(keep)
+                    max_len = int(lens.max())  # the longest row may have finished: attend less
+            h = model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights))
+            logits = project(h, weights, model.head, lambda: (model.head.weight, None))
+            lens = lens + 1
+            max_len += 1
     return _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos)
 
 

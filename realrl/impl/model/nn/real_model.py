@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput, ReaLModelConfig
-from realrl.impl.model.modules.attention import PackedMeta, resolve_attn_impl
+from realrl.impl.model.modules.attention import PackedMeta, activation_dtype, resolve_attn_impl
 from realrl.impl.model.modules.kv_cache import PackedContext
 from realrl.impl.model.modules.norm import make_norm
 from realrl.impl.model.modules.rotary import RotaryEmbedding
@@ -67,8 +67,9 @@ class ReaLModel(nn.Module):
         super().__init__()
         self.config = config
         self.requested_attn_impl = attn_impl
-        self.attn_impl = resolve_attn_impl(attn_impl, device)  # re-resolved if the model moves
-        self._attn_device_type = torch.device(device or "cpu").type
+        # re-resolved when inputs come on another device type or activations in another dtype
+        self.attn_impl = resolve_attn_impl(attn_impl, device, dtype)
+        self._attn_key = (torch.device(device or "cpu").type, dtype or torch.get_default_dtype())
         kw = dict(dtype=dtype, device=device)
         self.embed = Embedding(config, **kw)
         self.layers = nn.ModuleList(TransformerBlock(config, i, **kw) for i in range(config.n_layers))
@@ -114,7 +115,11 @@ class ReaLModel(nn.Module):
         layer computes only them past its attention: exact, because no later layer reads the rest.
         """
         x = self.embed(input_ids, ctx.positions)
-        rope = None if self.rotary is None else self.rotary(ctx.positions, ctx.max_position, x.dtype)
+        if self.rotary is None:
+            rope = None
+        else:  # in the projections' dtype: bf16 under autocast, where x stays fp32
+            dtype = activation_dtype(x.dtype, x.device)
+            rope = self.rotary(ctx.positions, ctx.max_position, dtype)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, ctx, output_index if i == last else None)
@@ -141,7 +146,8 @@ class ReaLModel(nn.Module):
         self.check_length(meta.max_seqlen, "a packed sequence")
         dropout = self.config.attn_pdrop if self.training else 0.0
         shared = None if not prefix_groups else SharedPrefixes.find(input_ids, meta, prefix_groups)
-        return PackedContext(meta, self._attn_impl_for(input_ids.device), dropout, shared=shared, **kw)
+        impl = self._attn_impl_for(input_ids.device, activation_dtype(self.dtype, input_ids.device))
+        return PackedContext(meta, impl, dropout, shared=shared, **kw)
 
     def check_length(self, length: int, what: str) -> None:
         """Learned absolute positions (GPT-2) end at n_positions; rotary models extrapolate."""
@@ -151,12 +157,13 @@ class ReaLModel(nn.Module):
                 f"n_positions={self.config.n_positions}"
             )
 
-    def _attn_impl_for(self, device: torch.device) -> str:
-        """The backend for inputs on ``device``, re-resolved when the device type changes: a model
-        built on CPU with ``attn_impl="auto"`` and moved to CUDA picks the CUDA kernels."""
-        if device.type != self._attn_device_type:
-            self.attn_impl = resolve_attn_impl(self.requested_attn_impl, device)
-            self._attn_device_type = device.type
+    def _attn_impl_for(self, device: torch.device, dtype: torch.dtype) -> str:
+        """The backend for activations of ``dtype`` on ``device``, re-resolved when either changes:
+        a model built on CPU with ``attn_impl="auto"`` and moved to CUDA picks the CUDA kernels, and
+        fp32 activations on a GPU take sdpa (the varlen kernels are fp16/bf16 only)."""
+        if (device.type, dtype) != self._attn_key:
+            self.attn_impl = resolve_attn_impl(self.requested_attn_impl, device, dtype)
+            self._attn_key = (device.type, dtype)
         return self.attn_impl
 
     def forward(

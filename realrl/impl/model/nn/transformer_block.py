@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from realrl.api.core.model_api import ReaLModelConfig
+from realrl.impl.model.modules.attention import activation_dtype
 from realrl.impl.model.modules.mlp import MLP
 from realrl.impl.model.modules.norm import RMSNorm, make_norm
 from realrl.impl.model.modules.rotary import apply_rotary
@@ -72,9 +73,10 @@ def project(x: torch.Tensor, cache: dict | None, module: nn.Module, build) -> to
         w, b = build()
         return F.linear(x, w, b)
     key = id(module)
-    if key not in cache:
+    if key not in cache:  # in the activations' dtype: autocast would cast W again every step
         w, b = build()
-        cache[key] = (w.t().contiguous(), b)
+        dtype = activation_dtype(w.dtype, w.device)
+        cache[key] = (w.t().to(dtype).contiguous(), None if b is None else b.to(dtype))
     wt, b = cache[key]
     return x @ wt if b is None else torch.addmm(b, x, wt)
 
