@@ -27,6 +27,7 @@ from realrl.base import logging
 logger = logging.getLogger("request_reply_stream")
 
 HEARTBEAT_SUFFIX = "#hb"
+STOP_CHECK_SECONDS = 0.05  # how often the heartbeat thread looks for close()
 
 
 class ForeignMessageError(ValueError):
@@ -293,7 +294,8 @@ class WorkerStream:
                     sock.send_multipart(self.codec.encode(Message("heartbeat", self.name)))
                     deadline = time.monotonic() + interval
                     while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
-                        if sock.poll(int(left * 1000)):
+                        # short slices: close() joins this thread, and a worker should exit at once
+                        if sock.poll(int(min(left, STOP_CHECK_SECONDS) * 1000)):
                             try:
                                 if self.codec.decode(sock.recv_multipart()).kind == "pong":
                                     last_pong = time.monotonic()

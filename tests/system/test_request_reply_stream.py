@@ -201,3 +201,22 @@ def test_heartbeats_detect_a_silent_worker_and_a_lost_master():
 
     assert asyncio.run(main()) is False
     assert lost.is_set()
+
+
+def test_close_does_not_wait_out_the_heartbeat_interval():
+    """A worker exits as soon as it is asked: closing stops a heartbeat thread mid-interval."""
+    codec = Codec(SECRET)
+
+    async def main():
+        master = MasterStream(codec)
+        master.start()
+        worker = WorkerStream(codec, "w", master.address)
+        worker.start_heartbeat(5.0, 30, lambda s: None)
+        await asyncio.sleep(0.2)  # the thread is inside its 5 s wait
+        t0 = time.monotonic()
+        worker.close()
+        took = time.monotonic() - t0
+        master.close()
+        return took
+
+    assert asyncio.run(main()) < 0.5
