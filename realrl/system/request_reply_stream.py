@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import os
 import pickle
 import threading
 import time
@@ -27,7 +28,6 @@ from realrl.base import logging
 logger = logging.getLogger("request_reply_stream")
 
 HEARTBEAT_SUFFIX = "#hb"
-STOP_CHECK_SECONDS = 0.05  # how often the heartbeat thread looks for close()
 
 
 class ForeignMessageError(ValueError):
@@ -253,6 +253,8 @@ class WorkerStream:
         self.master_alive = True
         self._stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
+        # close() writes here to wake the heartbeat thread mid-interval: a worker exits at once
+        self._wake_r, self._wake_w = os.pipe()
 
     def _connect(self, identity: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
@@ -288,14 +290,16 @@ class WorkerStream:
 
         def beat() -> None:
             sock = self._connect(self.name + HEARTBEAT_SUFFIX)
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(self._wake_r, zmq.POLLIN)
             last_pong = time.monotonic()
             try:
                 while not self._stop.is_set():
                     sock.send_multipart(self.codec.encode(Message("heartbeat", self.name)))
                     deadline = time.monotonic() + interval
                     while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
-                        # short slices: close() joins this thread, and a worker should exit at once
-                        if sock.poll(int(min(left, STOP_CHECK_SECONDS) * 1000)):
+                        if sock in dict(poller.poll(int(left * 1000))):
                             try:
                                 if self.codec.decode(sock.recv_multipart()).kind == "pong":
                                     last_pong = time.monotonic()
@@ -312,8 +316,13 @@ class WorkerStream:
         self._hb_thread.start()
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return  # closed already
         self._stop.set()
+        os.write(self._wake_w, b"x")
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=5)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         self.sock.close(linger=0)
         self.ctx.term()
