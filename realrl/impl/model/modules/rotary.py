@@ -62,6 +62,7 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D] rotated by position: x * cos + rotate_half(x) * sin (HF layout), in 3 ops."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    # swapping the halves is a roll by half: one op whose backward is one roll (a cat of two
+    # slices backpropagates as two zero-filled copies and an add)
+    swapped = x.roll(x.shape[-1] // 2, dims=-1)
     return torch.addcmul(x * cos, swapped, signed_sin)

@@ -49,15 +49,18 @@ class Attention(nn.Module):
         every token still serves as a key and value, the output projection runs on ``keep``."""
         T, hq, hkv, d = x.shape[0], self.n_q, self.n_kv, self.head_dim
         qkv = project(x, ctx.weight_cache, self, self.fused_qkv).view(T, hq + 2 * hkv, d)
-        qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
+        # split, not slicing: a slice's backward zero-fills the whole input and copies into it
+        qk, v = qkv.split([hq + hkv, hkv], dim=1)
         if self.qk_layernorm:
-            qk = torch.cat([self.q_ln(qk[:, :hq]), self.k_ln(qk[:, hq:])], dim=1)
+            q, k = qk.split([hq, hkv], dim=1)
+            qk = torch.cat([self.q_ln(q), self.k_ln(k)], dim=1)
         if rope is not None:  # q and k rotate together: one set of ops for both
             qk = apply_rotary(qk, *rope)
+        q, k = qk.split([hq, hkv], dim=1)
         if keep is None:
-            out = ctx.attend(self.layer_idx, qk[:, :hq], qk[:, hq:], v, self.scale, self.window)
+            out = ctx.attend(self.layer_idx, q, k, v, self.scale, self.window)
         else:
-            out = ctx.attend(self.layer_idx, qk[:, :hq], qk[:, hq:], v, self.scale, self.window, keep)
+            out = ctx.attend(self.layer_idx, q, k, v, self.scale, self.window, keep)
         return project(out.reshape(out.shape[0], hq * d), ctx.weight_cache, self.o, _plain(self.o))
 
 
