@@ -28,6 +28,15 @@ class PackedMeta:
     positions: torch.Tensor  # long [T], restarting at 0 per sequence
     pad_index: torch.Tensor  # long [T]: row * max_seqlen + position, the token's slot in a [B, Lmax] grid
 
+    @functools.cached_property
+    def slot_token(self) -> torch.Tensor:
+        """long [B * Lmax]: the token in each grid slot (0 in padding slots)."""
+        B, L, T = len(self.seqlens), self.max_seqlen, self.pad_index.shape[0]
+        tokens = torch.arange(T, device=self.pad_index.device)
+        return torch.zeros(B * L, dtype=torch.long, device=tokens.device).index_copy_(
+            0, self.pad_index, tokens
+        )
+
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, total: int) -> PackedMeta:
         if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
@@ -121,7 +130,9 @@ def _query_grid(meta: PackedMeta, keep: torch.Tensor, window: int | None):
     return slot, Lq, mask[:, None]
 
 
-def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float, keep=None):
+def _sdpa_packed(
+    q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float, keep=None, shared=None
+):
     """Exact on any device: scatter into a right-padded [B, H, Lmax, D] grid, one batched SDPA call.
 
     With right padding, a causal mask already keeps every real query away from padding (pad keys
@@ -132,17 +143,31 @@ def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dr
 
     With ``keep`` only those queries are computed (every token stays a key and value): one query
     per sequence, as a reward model reads, costs a [B, 1, Lmax] attention instead of [B, Lmax, Lmax].
+
+    With ``shared`` (``(expand, represent)`` of shared-prefix packing) q, k and v hold the compressed
+    tokens: the grid is one gather from them (no expanded copy, no zero-filled scatter), and the
+    output comes back for the compressed tokens.
     """
     B, L = len(meta.seqlens), meta.max_seqlen
+    expand, represent = shared if shared is not None else (None, None)
+    # Shared prefixes: each slot reads its compressed token in one gather. Pad slots read token
+    # 0: causal masking keeps them away from real queries and their outputs are dropped, so the
+    # gradient they send back is exactly zero.
+    slot_src = None if expand is None else expand[meta.slot_token]
 
-    def grid(x: torch.Tensor, index: torch.Tensor = meta.pad_index, length: int = L) -> torch.Tensor:
+    def scatter_grid(x: torch.Tensor, index: torch.Tensor = meta.pad_index, length: int = L) -> torch.Tensor:
         flat = x.new_zeros(B * length, x.shape[1], x.shape[2]).index_copy(0, index, x)
         return flat.view(B, length, x.shape[1], x.shape[2]).transpose(1, 2)
+
+    def grid(x: torch.Tensor) -> torch.Tensor:
+        if slot_src is None:
+            return scatter_grid(x)
+        return x[slot_src].view(B, L, x.shape[1], x.shape[2]).transpose(1, 2)
 
     if keep is not None:
         slot, Lq, mask = _query_grid(meta, keep, window)
         out = F.scaled_dot_product_attention(
-            grid(q[keep], slot, Lq),
+            scatter_grid(q[keep] if expand is None else q[expand[keep]], slot, Lq),
             grid(k),
             grid(v),
             attn_mask=mask,
@@ -162,7 +187,9 @@ def _sdpa_packed(q, k, v, meta: PackedMeta, scale: float, window: int | None, dr
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
     )
-    return out.transpose(1, 2).reshape(B * L, q.shape[1], q.shape[2])[meta.pad_index]
+    # read the real (or compressed) tokens straight off the [B, L] grid: no copy of the whole grid
+    index = meta.pad_index if represent is None else meta.pad_index[represent]
+    return out.transpose(1, 2)[index // L, index % L]
 
 
 def _flash_attn(q, k, v, meta: PackedMeta, scale: float, window: int | None, dropout_p: float, keep=None):
@@ -235,10 +262,19 @@ def packed_attention(
     window: int | None = None,
     dropout_p: float = 0.0,
     keep: torch.Tensor | None = None,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D], causal within each sequence; with ``keep``
     (ascending token indices) only those queries' outputs, [N, Hq, D]. ``sdpa`` computes only
-    those queries; the varlen CUDA kernels compute all and select (they are cheap per query)."""
-    if keep is None or impl == "sdpa":
-        return _BACKENDS[impl](q, k, v, meta, scale, window, dropout_p, keep)
-    return _BACKENDS[impl](q, k, v, meta, scale, window, dropout_p)[keep]
+    those queries; the varlen CUDA kernels compute all and select (they are cheap per query).
+
+    ``shared`` = ``(expand, represent)`` of shared-prefix packing: q, k, v hold the Tc compressed
+    tokens and the output is [Tc, Hq, D] (``keep`` still names original tokens)."""
+    if impl == "sdpa":
+        return _sdpa_packed(q, k, v, meta, scale, window, dropout_p, keep, shared)
+    if shared is not None:
+        expand, represent = shared
+        out = _BACKENDS[impl](q[expand], k[expand], v[expand], meta, scale, window, dropout_p)
+        return out[keep] if keep is not None else out[represent]
+    out = _BACKENDS[impl](q, k, v, meta, scale, window, dropout_p)
+    return out if keep is None else out[keep]

@@ -95,11 +95,8 @@ class PackedContext:
         """[T, Hq, D], or [N, Hq, D] for the ``keep`` queries only (all tokens' k/v are cached)."""
         if self.cache is not None:
             self.cache.write(layer, self.cache_slots, k, v)
-        if self.shared is None:
-            return packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p, keep)
-        ex = self.shared.expand
-        out = packed_attention(q[ex], k[ex], v[ex], self.meta, self.impl, scale, window, self.dropout_p, keep)
-        return out if keep is not None else out[self.shared.represent]
+        shared = None if self.shared is None else (self.shared.expand, self.shared.represent)
+        return packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p, keep, shared)
 
 
 def decode_attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
