@@ -34,23 +34,6 @@ def test_gather_of_unpack_is_identity(x):
     assert SequenceSample.gather(parts) == x
 
 
-@given(samples(), st.data())
-@settings(max_examples=100, deadline=None)
-def test_take_equals_gathering_the_unpacked_samples(x, data):
-    order = data.draw(st.permutations(range(x.bs)))
-    picked = order[: data.draw(st.integers(1, x.bs))]
-    parts = x.unpack()
-    assert x.take(picked) == SequenceSample.gather([parts[i] for i in picked])
-
-
-def test_take_refuses_repeated_or_out_of_range_indices():
-    x = SequenceSample.from_default(["a", "b"], [[2], [3]], {"packed_input_ids": torch.arange(5)})
-    with pytest.raises(ValueError, match="distinct"):
-        x.take([0, 0])
-    with pytest.raises(ValueError, match="distinct"):
-        x.take([2])
-
-
 @given(samples(), st.integers(1, 6), st.one_of(st.none(), st.integers(1, 60)))
 @settings(max_examples=150, deadline=None)
 def test_split_pieces_concatenate_back_and_respect_budget(x, n_mbs, budget):

@@ -323,37 +323,6 @@ class SequenceSample:
             metadata={k: list(v[start:end]) for k, v in self.metadata.items()},
         )
 
-    def take(self, indices: Sequence[int]) -> SequenceSample:
-        """The samples at ``indices``, in that order: one gather per key, where ``unpack`` then
-        ``gather`` would slice and concatenate every sample (a PPO minibatch of a shuffled batch)."""
-        indices = list(indices)
-        if len(set(indices)) != len(indices) or not all(0 <= i < self.bs for i in indices):
-            raise ValueError(f"take: indices must be distinct and in [0, {self.bs}), got {indices[:8]}...")
-        data = None
-        if self.data is not None:
-            data = {}
-            for k, t in self.data.items():
-                if t is None:
-                    data[k] = None
-                    continue
-                offsets = torch.tensor(self.sample_offsets(k))
-                pick = torch.tensor(indices, dtype=torch.long)
-                starts, lens = offsets[pick], offsets[pick + 1] - offsets[pick]
-                # row r of the result is row starts[j] + (r - first row of sample j) of the input
-                first = torch.cumsum(lens, 0) - lens
-                total = int(lens.sum())
-                rows = torch.arange(total) + torch.repeat_interleave(starts - first, lens, output_size=total)
-                data[k] = t.index_select(0, rows.to(t.device))
-        return SequenceSample._from_canonical(
-            keys=set(self.keys),
-            trailing_shapes=dict(self.trailing_shapes),
-            dtypes=dict(self.dtypes),
-            ids=[self.ids[i] for i in indices],
-            seqlens={k: [list(v[i]) for i in indices] for k, v in self.seqlens.items()},
-            data=data,
-            metadata={k: [v[i] for i in indices] for k, v in self.metadata.items()},
-        )
-
     def unpack(self) -> list[SequenceSample]:
         """One single-sample ``SequenceSample`` per id."""
         offsets = self._offsets()

@@ -197,6 +197,10 @@ def shuffled_minibatches(
 ) -> list[SequenceSample]:
     """Seed 002 PPO detail 7: a fresh permutation of the samples, cut into ``n_minibatches``
     near-equal groups (a GRPO group is one sample, so it is never split)."""
-    perm = torch.randperm(data.bs, generator=generator)
-    n = min(n_minibatches, data.bs)
-    return [data.take(chunk.tolist()) for chunk in torch.tensor_split(perm, n)]
+    samples = data.unpack()
+    perm = torch.randperm(len(samples), generator=generator).tolist()
+    n = min(n_minibatches, len(samples))
+    return [
+        SequenceSample.gather([samples[i] for i in chunk.tolist()])
+        for chunk in torch.tensor_split(torch.tensor(perm), n)
+    ]
