@@ -67,3 +67,14 @@ def test_model_moved_to_cuda_reresolves_auto(tmp_path):
     with torch.no_grad():
         model(ids, cu)
     assert model.attn_impl in ("flash_attn", "torch_varlen")
+
+
+@pytest.mark.gpu
+def test_fp32_model_built_on_cuda_takes_sdpa(tmp_path):
+    """Weights in the default fp32 on a GPU: the varlen kernels do not apply, from the start."""
+    make_hf_model("llama").save_pretrained(tmp_path / "m")
+    model = ReaLModel.from_pretrained(str(tmp_path / "m"), dtype=torch.float32, device="cuda").eval()
+    assert model.attn_impl == "sdpa"
+    ids, cu = (t.cuda() for t in packed([4, 6]))
+    with torch.no_grad():
+        assert torch.isfinite(model(ids, cu)).all()

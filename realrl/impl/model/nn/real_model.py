@@ -68,8 +68,8 @@ class ReaLModel(nn.Module):
         self.config = config
         self.requested_attn_impl = attn_impl
         # re-resolved when inputs come on another device type or activations in another dtype
-        self.attn_impl = resolve_attn_impl(attn_impl, device, dtype)
         self._attn_key = (torch.device(device or "cpu").type, dtype or torch.get_default_dtype())
+        self.attn_impl = resolve_attn_impl(attn_impl, *self._attn_key)
         kw = dict(dtype=dtype, device=device)
         self.embed = Embedding(config, **kw)
         self.layers = nn.ModuleList(TransformerBlock(config, i, **kw) for i in range(config.n_layers))
