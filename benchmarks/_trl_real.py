@@ -84,8 +84,9 @@ def grpo_overrides(spec: BenchSpec, paths: dict[str, str]) -> list[str]:
     )
 
 
-def run(task: str, spec: BenchSpec, paths: dict[str, str]) -> dict:
-    """Train, time each step (from the master's per-step timestamps) and save the final model."""
+def run(task: str, spec: BenchSpec, paths: dict[str, str], standby=None) -> dict:
+    """Train, time each step (from the master's per-step timestamps) and save the final model;
+    ``standby``: warmed-up worker processes (``realrl.system.standby``), as the CLI starts them."""
     from realrl.apps.main import run_experiment
     from realrl.apps.quickstart import build_config
     from realrl.experiments.toy import final_checkpoint
@@ -94,7 +95,7 @@ def run(task: str, spec: BenchSpec, paths: dict[str, str]) -> dict:
     cfg = build_config(task, overrides)
     exp = cfg.initial_setup()
     start = time.time()
-    records = run_experiment(exp, mode="local")
+    records = run_experiment(exp, mode="local", standby=standby)
     wall = time.time() - start
     role = "default" if task == "rw" else "actor"
     out = summarize_steps([r["time"] for r in records], start)

@@ -47,7 +47,11 @@ def child_main(side: str, task: str, spec_path: str, out_path: str) -> None:
     """Inside the measured child: train one side on one task, write its figures as JSON."""
     spec = BenchSpec.load(spec_path)
     paths = known_paths(spec)
-    if side == "realrl":
+    standby = None
+    if side == "realrl":  # as the CLI does first: its workers warm up while this process imports
+        from realrl.system.standby import StandbyWorkers
+
+        standby = StandbyWorkers(spec.workers)
         import _trl_real as runner
     else:  # only the TRL side imports these: the realrl master's memory is its own
         import _trl_hf as runner
@@ -56,7 +60,11 @@ def child_main(side: str, task: str, spec_path: str, out_path: str) -> None:
 
         datasets.disable_progress_bars()
         transformers.logging.set_verbosity_error()
-    result = runner.run(task, spec, paths)
+    try:
+        result = runner.run(task, spec, paths, standby) if standby else runner.run(task, spec, paths)
+    finally:
+        if standby is not None:
+            standby.close()
     import torch
 
     result["torch_threads"] = torch.get_num_threads()

@@ -31,6 +31,7 @@ from realrl.system.request_reply_stream import (
     WorkerError,
     WorkerLostError,
 )
+from realrl.system.standby import StandbyWorkers
 
 logger = logging.getLogger("main")
 
@@ -51,10 +52,14 @@ def run_experiment(
     ray_address: str | None = None,
     ray_cpus_per_worker: float = 1.0,
     on_step: Callable[[dict, int], None] | None = None,
+    standby: StandbyWorkers | None = None,
+    warm_next: bool = False,
 ) -> list[dict]:
     """Run ``config`` to the end; return one stats record per step (also in ``stats.jsonl``).
 
-    ``on_step(record, total_steps)`` sees every finished step's record (progress bars, TensorBoard)."""
+    ``on_step(record, total_steps)`` sees every finished step's record (progress bars, TensorBoard).
+    ``standby`` (local mode): warmed-up worker processes to use first (``realrl.system.standby``);
+    ``warm_next``: start as many again for a run that follows."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     os.makedirs(config.log_dir, exist_ok=True)
@@ -62,7 +67,7 @@ def run_experiment(
     if mode == "local":
         nr_cfg = NameResolveConfig("nfs", root=os.path.join(config.run_dir, "name_resolve"))
         host = network.LOOPBACK
-        launcher = LocalLauncher(config.run_dir, config.log_dir, secret)
+        launcher = LocalLauncher(config.run_dir, config.log_dir, secret, standby, warm_next)
     else:
         import ray
 

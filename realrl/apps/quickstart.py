@@ -10,10 +10,12 @@ model) run first unless their checkpoints are already under ``fileroot``.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 
 from realrl.api.quickstart.entrypoint import get_quickstart_exp, quickstart_experiments
 from realrl.base import logging
+from realrl.system.standby import StandbyWorkers
 
 logger = logging.getLogger("quickstart")
 
@@ -106,8 +108,31 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def standby_count(argv: list[str]) -> int:
+    """How many standby worker processes to start before anything else (``realrl.system.standby``):
+    only the raw arguments are known then. ``standby_workers=N`` decides; otherwise a local run
+    gets one per worker of a ``d<N>`` allocation (one for other layouts), a Ray run or a command
+    that runs nothing (help, ``--cfg``) none."""
+    if not argv or argv[0] in ("-h", "--help", "help") or any(a.startswith("-") for a in argv[1:]):
+        return 0
+    values = {_override_key(o): o.split("=", 1)[1] for o in argv[1:] if "=" in o}
+    asked = values.get("standby_workers", "null")
+    if asked.isdigit():  # anything else is left to the config's own check (or means the default)
+        return int(asked)
+    if values.get("mode", "local") != "local":
+        return 0
+    m = re.fullmatch(r"d(\d+)(m1p1)?", values.get("allocation_mode", "d1").strip())
+    return int(m.group(1)) if m else 1
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # first, so that the workers' imports overlap this process's own (realrl, torch, hydra)
+    with StandbyWorkers(standby_count(argv)) as standby:
+        _main(argv, standby)
+
+
+def _main(argv: list[str], standby: StandbyWorkers) -> None:
     _register_everything()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
@@ -135,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
 
     @hydra.main(version_base=None, config_name=name)
     def run(cfg) -> None:
-        run_quickstart(name, OmegaConf.to_object(cfg))
+        run_quickstart(name, OmegaConf.to_object(cfg), standby)
 
     run()
 

@@ -3,6 +3,10 @@
 The run's secret comes in the ``REALRL_RUN_SECRET`` environment variable (hex), never on the
 command line where ``ps`` would show it. ``kill -USR1 <pid>`` dumps every thread's stack to the
 worker's log (what to do when a run seems stuck).
+
+``python -m realrl.apps.remote --standby`` is a standby process (``realrl.system.standby``): it
+imports what every worker needs, then reads its configs path, index, secret and log file from
+stdin, and exits quietly if stdin ends first.
 """
 
 from __future__ import annotations
@@ -14,11 +18,34 @@ import pickle
 import signal
 import sys
 
-from realrl.api.core.system_api import ModelWorkerConfig
-from realrl.system.launcher import SECRET_ENV, run_model_worker
+from realrl.system.names import SECRET_ENV
+from realrl.system.standby import STANDBY_FLAG, read_assignment
+
+
+def warm_up() -> None:
+    """Import what a worker imports before its first step: torch and realrl's implementations,
+    and transformers' tokenizer and config machinery (on transformers 5, reading any model's
+    config imports ~2 s of shared modules, the same for every model family)."""
+    import realrl.impl  # noqa: F401
+    import realrl.system.launcher  # noqa: F401
+
+    try:
+        import transformers
+
+        transformers.AutoTokenizer, transformers.AutoConfig, transformers.LlamaConfig  # noqa: B018
+    except Exception:  # noqa: BLE001 - only a warm-up: the worker imports what it needs itself
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == [STANDBY_FLAG]:
+        warm_up()
+        order = read_assignment()
+        if order is None:  # dismissed before any run needed it
+            return
+        argv = [order["configs"], str(order["index"])]
+        os.environ[SECRET_ENV] = order["secret"]
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("configs", help="pickled list of ModelWorkerConfig written by the launcher")
     parser.add_argument("index", type=int)
@@ -27,8 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     if not secret_hex:
         sys.exit(f"{SECRET_ENV} is not set: workers are started by realrl.apps.main, not by hand")
     faulthandler.register(signal.SIGUSR1)
+    from realrl.system.launcher import run_model_worker
+
     with open(args.configs, "rb") as f:
-        configs: list[ModelWorkerConfig] = pickle.load(f)
+        configs = pickle.load(f)
     run_model_worker(configs[args.index], bytes.fromhex(secret_hex))
 
 

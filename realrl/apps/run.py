@@ -11,6 +11,7 @@ from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.apps.main import ExperimentFailedError, run_experiment
 from realrl.base import logging, stats
 from realrl.experiments.toy import final_checkpoint, has_checkpoint
+from realrl.system.standby import StandbyWorkers
 
 logger = logging.getLogger("quickstart")
 
@@ -41,12 +42,15 @@ class RunMonitor:
     records mirrored to TensorBoard / wandb."""
 
     def __init__(self, run_dir: str, wandb_project: str | None = None):
-        self.writer = stats.StatsWriter(run_dir, wandb_project=wandb_project)
+        self.run_dir, self.wandb_project = run_dir, wandb_project
+        self.writer: stats.StatsWriter | None = None
         self.bar = None
 
     def __call__(self, record: dict, total_steps: int) -> None:
         from tqdm import tqdm
 
+        if self.writer is None:  # at the first record: importing TensorBoard delays no worker
+            self.writer = stats.StatsWriter(self.run_dir, wandb_project=self.wandb_project)
         if self.bar is None:
             self.bar = tqdm(total=total_steps, initial=record["step"] - 1, unit="step", dynamic_ncols=True)
         shown = {"epoch": record.get("epoch")}
@@ -61,7 +65,8 @@ class RunMonitor:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
@@ -80,8 +85,9 @@ def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
     return out
 
 
-def run_prerequisites(cfg: CommonExperimentConfig) -> None:
-    """Run the phases ``cfg`` builds on unless their final checkpoints already exist."""
+def run_prerequisites(cfg: CommonExperimentConfig, standby: StandbyWorkers | None = None) -> None:
+    """Run the phases ``cfg`` builds on unless their final checkpoints already exist (each one
+    warms up standby workers for the phase after it)."""
     from realrl.apps.quickstart import build_config
 
     for name, extra in getattr(cfg, "prerequisites", lambda: [])():
@@ -90,37 +96,47 @@ def run_prerequisites(cfg: CommonExperimentConfig) -> None:
             logger.info("reusing the %s checkpoint under %s", name, pre.run_dir)
             continue
         logger.info("running the %s phase first (no checkpoint under %s)", name, pre.run_dir)
-        run_prerequisites(pre)
-        run_one(pre)
+        run_prerequisites(pre, standby)
+        run_one(pre, standby, warm_next=True)
 
 
-def run_one(cfg: CommonExperimentConfig) -> list[dict]:
-    """Launch ``cfg``. ``recover_mode=resume`` continues from the run's last recover point;
-    ``auto`` restarts a failed run from its last recover point up to ``recover_retries`` times."""
+def run_one(
+    cfg: CommonExperimentConfig, standby: StandbyWorkers | None = None, warm_next: bool = False
+) -> list[dict]:
+    """Launch ``cfg`` (in ``standby`` processes first, local mode). ``recover_mode=resume``
+    continues from the run's last recover point; ``auto`` restarts a failed run from its last
+    recover point up to ``recover_retries`` times."""
     exp = cfg.initial_setup()
     os.makedirs(exp.run_dir, exist_ok=True)
     draw_graph(build_graph(exp.mfcs), os.path.join(exp.run_dir, "dataflow_graph.png"))
     attempts = 1 + (cfg.recover_retries if cfg.recover_mode == "auto" else 0)
-    for attempt in range(1, attempts + 1):
-        try:
-            return run_experiment(exp, mode=cfg.mode, ray_address=cfg.ray_address)
-        except ExperimentFailedError as e:
-            if attempt == attempts:
-                raise
-            logger.error(
-                "run failed (attempt %d of %d): %s; resuming from the last recover point",
-                attempt,
-                attempts,
-                e,
-            )
-            exp.resume = True
+    monitor = RunMonitor(exp.run_dir, cfg.wandb_project)
+    local = {"standby": standby, "warm_next": warm_next} if cfg.mode == "local" else {}
+    try:
+        for attempt in range(1, attempts + 1):
+            try:
+                return run_experiment(
+                    exp, mode=cfg.mode, ray_address=cfg.ray_address, on_step=monitor, **local
+                )
+            except ExperimentFailedError as e:
+                if attempt == attempts:
+                    raise
+                logger.error(
+                    "run failed (attempt %d of %d): %s; resuming from the last recover point",
+                    attempt,
+                    attempts,
+                    e,
+                )
+                exp.resume = True
+    finally:
+        monitor.close()
     raise AssertionError("unreachable")
 
 
-def run_quickstart(name: str, cfg: CommonExperimentConfig) -> dict:
+def run_quickstart(name: str, cfg: CommonExperimentConfig, standby: StandbyWorkers | None = None) -> dict:
     start = time.time()
-    run_prerequisites(cfg)
-    records = run_one(cfg)
+    run_prerequisites(cfg, standby)
+    records = run_one(cfg, standby)
     run_dir = cfg.run_dir
     stats_path = os.path.join(run_dir, "stats.jsonl")
     plots = (

@@ -9,7 +9,6 @@ group (Ctrl-C reaches only the launcher, which then stops them), die with the la
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import pickle
 import signal
@@ -21,12 +20,13 @@ from collections import deque
 from realrl.api.core.system_api import ModelWorkerConfig, NameResolveConfig
 from realrl.base import logging
 from realrl.base.name_resolve import NameRecordRepository, make_repository
+from realrl.base.processes import die_with_parent
 from realrl.system.model_worker import ModelWorker
+from realrl.system.names import SECRET_ENV
 from realrl.system.request_reply_stream import Codec, WorkerLostError
+from realrl.system.standby import WORKER_ENV, StandbyWorkers
 
 logger = logging.getLogger("launcher")
-
-SECRET_ENV = "REALRL_RUN_SECRET"
 
 
 def make_name_record(cfg: NameResolveConfig) -> NameRecordRepository:
@@ -54,36 +54,46 @@ def log_tail(path: str, n: int = 20) -> str:
         return f"(no log at {path}: {e})"
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the launcher dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class LocalLauncher:
-    def __init__(self, run_dir: str, log_dir: str, secret: bytes):
+    """``standby``: warmed-up processes to run workers in before starting fresh ones;
+    ``warm_next``: start as many standby processes again once these are taken, for the run that
+    follows this one (the phases of a quickstart run)."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        log_dir: str,
+        secret: bytes,
+        standby: StandbyWorkers | None = None,
+        warm_next: bool = False,
+    ):
         self.run_dir, self.log_dir, self.secret = run_dir, log_dir, secret
+        self.standby, self.warm_next = standby, warm_next
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
 
     def start(self, configs: list[ModelWorkerConfig]) -> None:
+        """One process per worker config: standby processes first, fresh ones for the rest."""
+        standby = self.standby
         os.makedirs(self.log_dir, exist_ok=True)
         path = os.path.join(self.run_dir, "worker_configs.pkl")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             pickle.dump(configs, f)
-        env = {
-            **os.environ,
-            SECRET_ENV: self.secret.hex(),
-            "PYTHONUNBUFFERED": "1",
-            "GLOO_SOCKET_IFNAME": "lo",
-        }
+        env = {**os.environ, **WORKER_ENV, SECRET_ENV: self.secret.hex()}
         atexit.register(self.stop)
         for cfg in configs:
             name = cfg.worker_name
             self.logs[name] = worker_log_path(self.log_dir, name)
+            proc = (
+                None
+                if standby is None
+                else standby.assign(path, cfg.worker_index, self.secret, self.logs[name])
+            )
+            if proc is not None:
+                self.procs[name] = proc
+                logger.info("%s runs in standby process %d, log %s", name, proc.pid, self.logs[name])
+                continue
             with open(self.logs[name], "w") as log:
                 self.procs[name] = subprocess.Popen(
                     [sys.executable, "-m", "realrl.apps.remote", path, str(cfg.worker_index)],
@@ -92,9 +102,11 @@ class LocalLauncher:
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             logger.info("started %s (pid %d), log %s", name, self.procs[name].pid, self.logs[name])
+        if standby is not None and self.warm_next:
+            standby.spawn(len(configs))
 
     def check(self) -> None:
         for name, proc in self.procs.items():

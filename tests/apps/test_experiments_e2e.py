@@ -49,6 +49,10 @@ def assert_run_outputs(run_dir, steps=2, trains=True):
     assert os.path.isfile(os.path.join(run_dir, "dataflow_graph.png"))
     if trains:
         assert os.listdir(os.path.join(run_dir, "plots"))
+        # every step went to TensorBoard too (the progress bar's hook)
+        assert any(
+            f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(run_dir, "tensorboard"))
+        )
     with open(os.path.join(run_dir, "summary.json")) as f:
         return json.load(f)
 
@@ -150,7 +154,9 @@ def test_killed_run_resumes_to_the_same_parameters(fileroot):
 def test_auto_recover_restarts_from_the_last_recover_point(monkeypatch, tmp_path):
     calls = []
 
-    def flaky(exp, mode, ray_address, on_step=None):
+    def flaky(exp, mode, ray_address, on_step=None, **local):
+        assert isinstance(on_step, run_mod.RunMonitor)  # the progress bar / TensorBoard hook
+        assert local == {"standby": None, "warm_next": False}
         calls.append(exp.resume)
         if len(calls) == 1:
             raise run_mod.ExperimentFailedError("model_worker/0 is lost", "model_worker/0")

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from realrl.api.core.dfg import build_graph
-from realrl.apps.quickstart import build_config, preset_overrides, toy_overrides
+from realrl.apps.quickstart import build_config, preset_overrides, standby_count, toy_overrides
 
 
 def cli(*args, timeout=120):
@@ -111,3 +111,22 @@ def test_allocation_mode_reaches_the_experiment(tmp_path):
     cfg = build_config("ppo", [f"fileroot={tmp_path}", "allocation_mode=actor:d2,*:d1@1"])
     exp = cfg.initial_setup()
     assert exp.allocations["actor"] == [0, 1] and exp.allocations["critic"] == [1]
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["ppo"], 1),
+        (["ppo", "allocation_mode=d2"], 2),
+        (["ppo", "allocation_mode=actor:d2,critic:d1@1"], 1),
+        (["ppo", "allocation_mode=d2", "standby_workers=0"], 0),
+        (["ppo", "standby_workers=3"], 3),
+        (["ppo", "standby_workers=null"], 1),
+        (["ppo", "mode=ray"], 0),
+        (["ppo", "--cfg", "job"], 0),
+        (["--help"], 0),
+        ([], 0),
+    ],
+)
+def test_standby_workers_started_before_the_config_is_built(argv, expected):
+    assert standby_count(argv) == expected

@@ -57,6 +57,9 @@ class CommonExperimentConfig:
     recover_mode: str = "disabled"
     recover_retries: int = 1
     wandb_project: str | None = None
+    # local mode: worker processes the CLI starts at once, warming up while it builds the config
+    # (realrl.system.standby); default: one per worker of a d<N> allocation, 0 disables
+    standby_workers: int | None = None
     import_modules: list[str] = dataclasses.field(default_factory=list)  # plugins: modules or .py files
     # key=value overrides for the phases a toy run builds on (e.g. ["exp_ctrl.total_train_steps=3"])
     prerequisite_overrides: list[str] = dataclasses.field(default_factory=list)
@@ -67,6 +70,8 @@ class CommonExperimentConfig:
         check_choice("device", self.device, DEVICES)
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1 or null, got {self.torch_threads}")
+        if self.standby_workers is not None and self.standby_workers < 0:
+            raise ValueError(f"standby_workers must be >= 0 or null, got {self.standby_workers}")
         if self.recover_retries < 0:
             raise ValueError(f"recover_retries must be >= 0, got {self.recover_retries}")
         for name in ("experiment_name", "trial_name"):
