@@ -220,7 +220,8 @@ def test_lm_human_preferences_preset_trains_actor_and_critic(tokenizer):
 def test_minibatches_are_reshuffled_each_epoch(tokenizer):
     data = prompt_batch(tokenizer, PROMPTS * 2)
     g = torch.Generator().manual_seed(0)
-    epochs = [[mb.ids for mb in shuffled_minibatches(data, 3, g)] for _ in range(4)]
+    samples = data.unpack()
+    epochs = [[mb.ids for mb in shuffled_minibatches(samples, 3, g)] for _ in range(4)]
     for e in epochs:
         assert sorted(i for mb in e for i in mb) == list(range(8)) and len(e) == 3
     assert len({tuple(tuple(mb) for mb in e) for e in epochs}) > 1

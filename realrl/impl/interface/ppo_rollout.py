@@ -193,11 +193,11 @@ def prepare_advantages(
 
 
 def shuffled_minibatches(
-    data: SequenceSample, n_minibatches: int, generator: torch.Generator
+    samples: list[SequenceSample], n_minibatches: int, generator: torch.Generator
 ) -> list[SequenceSample]:
-    """Seed 002 PPO detail 7: a fresh permutation of the samples, cut into ``n_minibatches``
-    near-equal groups (a GRPO group is one sample, so it is never split)."""
-    samples = data.unpack()
+    """Seed 002 PPO detail 7: a fresh permutation of the samples (``batch.unpack()``, unpacked
+    once for all epochs), cut into ``n_minibatches`` near-equal groups (a GRPO group is one
+    sample, so it is never split)."""
     perm = torch.randperm(len(samples), generator=generator).tolist()
     n = min(n_minibatches, len(samples))
     return [

@@ -85,9 +85,10 @@ class PPOTrainState:
         engine = model.module
         # one mode switch for all the updates instead of two per update (a module walk each)
         hold_train_mode = engine.mode(training=True) if hasattr(engine, "mode") else contextlib.nullcontext()
+        samples = source.unpack()
         with hold_train_mode:
             for _ in range(hp.ppo_n_epochs):
-                for mb in shuffled_minibatches(source, hp.ppo_n_minibatches, generator):
+                for mb in shuffled_minibatches(samples, hp.ppo_n_minibatches, generator):
                     if hp.whiten_scope == "minibatch":
                         mb, st = prepare_advantages(hp, self.kl_ctl.value, mb, truncate_id)
                         prep_stats.append(st)
