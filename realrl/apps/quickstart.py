@@ -128,11 +128,16 @@ def standby_count(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     # first, so that the workers' imports overlap this process's own (realrl, torch, hydra)
-    with StandbyWorkers(standby_count(argv)) as standby:
+    n = standby_count(argv)
+    standby = StandbyWorkers(n) if n else None  # None: no standby process, not even between phases
+    try:
         _main(argv, standby)
+    finally:
+        if standby is not None:
+            standby.close()
 
 
-def _main(argv: list[str], standby: StandbyWorkers) -> None:
+def _main(argv: list[str], standby: StandbyWorkers | None) -> None:
     _register_everything()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())

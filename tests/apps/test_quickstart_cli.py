@@ -130,3 +130,18 @@ def test_allocation_mode_reaches_the_experiment(tmp_path):
 )
 def test_standby_workers_started_before_the_config_is_built(argv, expected):
     assert standby_count(argv) == expected
+
+
+def test_the_cli_starts_its_standby_workers_first_and_stops_the_unused_ones(monkeypatch):
+    import realrl.apps.quickstart as qs
+
+    seen = []
+    monkeypatch.setattr(qs, "_main", lambda argv, standby: seen.append((standby, list(standby.procs))))
+    qs.main(["ppo", "allocation_mode=d2"])
+    standby, procs = seen[0]
+    assert len(procs) == 2
+    assert all(p.returncode is not None for p in procs)  # not used: stopped when the CLI ends
+    seen.clear()
+    monkeypatch.setattr(qs, "_main", lambda argv, standby: seen.append(standby))
+    qs.main(["ppo", "standby_workers=0"])
+    assert seen == [None]  # no pool at all: no phase starts standby processes for the next one
