@@ -19,7 +19,7 @@ from realrl.api.core.system_api import model_worker_name
 from realrl.system.buffer import SampleBuffer
 from realrl.system.data_transfer import plan_transfers
 from realrl.system.protocol import MFCCall, MFCReply, MFCRequest
-from realrl.system.request_reply_stream import MasterStream, wait_reply
+from realrl.system.request_reply_stream import MasterStream, wait_replies
 
 TAG_MODULUS = 2**30
 
@@ -65,9 +65,7 @@ async def run_call(
         requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
         requests[w].call = MFCCall(mfc.name, step, dp_rank, part)
     futures = {w: stream.post(model_worker_name(w), "mfc", req) for w, req in sorted(requests.items())}
-    replies: dict[int, MFCReply] = {}
-    for w, fut in futures.items():
-        replies[w] = await wait_reply(fut, model_worker_name(w), f"mfc {mfc.name}", timeout)
+    replies: dict[int, MFCReply] = await wait_replies(futures, model_worker_name, f"mfc {mfc.name}", timeout)
     stats: dict[str, list[float]] = {}
     for w, part in zip(workers, parts):
         buffer.add_owner(part.ids, mfc.input_keys, w)  # it now holds copies of what it received
@@ -87,7 +85,7 @@ async def run_call(
 async def post_all(stream: MasterStream, requests: dict[int, Any], handler: str, timeout: float) -> dict:
     """Post ``requests[w]`` to every worker ``w`` at once; their replies by worker index."""
     futures = {w: stream.post(model_worker_name(w), handler, data) for w, data in requests.items()}
-    return {w: await wait_reply(f, model_worker_name(w), handler, timeout) for w, f in futures.items()}
+    return await wait_replies(futures, model_worker_name, handler, timeout)
 
 
 async def run_guarded(work: list[asyncio.Task], guard: asyncio.Task) -> None:

@@ -237,6 +237,21 @@ async def wait_reply(fut: asyncio.Future, worker: str, handler: str, timeout: fl
         raise RequestTimeoutError(f"{worker} did not answer {handler!r} within {timeout} s", worker) from None
 
 
+async def wait_replies(futures: dict[Any, asyncio.Future], name_of, handler: str, timeout: float) -> dict:
+    """The reply of every ``futures[key]`` (the worker named ``name_of(key)``), in order. The first
+    failure is raised; the replies not waited for any more get their errors marked as seen (else
+    asyncio logs each one as "never retrieved" when it is collected)."""
+    replies = {}
+    try:
+        for key, fut in futures.items():
+            replies[key] = await wait_reply(fut, name_of(key), handler, timeout)
+    except BaseException:
+        for fut in futures.values():
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise
+    return replies
+
+
 # ----------------------------------------------------------------------------- worker side
 
 

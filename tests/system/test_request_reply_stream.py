@@ -220,3 +220,28 @@ def test_close_does_not_wait_out_the_heartbeat_interval():
         return took
 
     assert asyncio.run(main()) < 0.5
+
+
+def test_wait_replies_raises_the_first_failure_and_marks_the_later_ones_seen():
+    """Two workers fail one call; the master raises the first error. The second error arrives
+    later, and must not surface as asyncio's 'Future exception was never retrieved'."""
+    import gc
+
+    from realrl.system.request_reply_stream import wait_replies
+
+    reported = []
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: reported.append(context["message"]))
+        first, second = loop.create_future(), loop.create_future()
+        first.set_exception(ValueError("worker 0 failed"))
+        with pytest.raises(ValueError, match="worker 0 failed"):
+            await wait_replies({0: first, 1: second}, lambda w: f"w{w}", "mfc", timeout=5)
+        second.set_exception(ValueError("worker 1 failed"))
+        await asyncio.sleep(0)  # done callbacks run
+        del first, second
+        gc.collect()
+
+    asyncio.run(scenario())
+    assert reported == []
