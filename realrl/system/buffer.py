@@ -101,14 +101,21 @@ class SampleBuffer:
 
     # -- waiting and consuming ----------------------------------------------------------------
 
+    def take_ready(self, mfc: str, keys: Iterable[str], n: int) -> list[Hashable] | None:
+        """The next ``n`` ids of ``mfc`` if they already hold ``keys`` (marked taken), else None."""
+        ids = self.next_ids(mfc, n)
+        if ids is None or not self.is_ready(ids, keys):
+            return None
+        for sid in ids:
+            self.entries[sid].taken.add(mfc)
+        return ids
+
     async def take(self, mfc: str, keys: Iterable[str], n: int) -> list[Hashable]:
         """Wait for the next ``n`` ids of ``mfc`` to hold ``keys``; mark them taken by it."""
         keys = list(keys)
         while True:
-            ids = self.next_ids(mfc, n)
-            if ids is not None and self.is_ready(ids, keys):
-                for sid in ids:
-                    self.entries[sid].taken.add(mfc)
+            ids = self.take_ready(mfc, keys, n)
+            if ids is not None:
                 return ids
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)

@@ -42,17 +42,29 @@ class TagCounter:
         self.next = (self.next + n) % TAG_MODULUS
 
 
-async def run_call(
+@dataclasses.dataclass
+class PostedCall:
+    """A call whose requests are out: what ``finish_call`` needs once the replies come."""
+
+    ids: list[Hashable]
+    workers: list[int]
+    parts: list
+    futures: dict[int, asyncio.Future]
+    n_tokens: int
+    tik: float
+
+
+def post_call(
     mfc: MFCDef,
     step: int,
+    ids: list[Hashable],
     workers: list[int],
     buffer: SampleBuffer,
     stream: MasterStream,
     tags: TagCounter,
-    timeout: float,
-) -> CallResult:
-    """Run ``mfc`` for ``step`` on the workers of its dp ranks; update the buffer with its outputs."""
-    ids = await buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
+) -> PostedCall:
+    """Post ``mfc`` on ``ids`` (already taken from the buffer) to the workers of its dp ranks, in
+    one synchronous burst; nothing is awaited."""
     tik = time.monotonic()
     meta = buffer.gather_meta(ids, mfc.input_keys)
     parts = meta.split(MicroBatchSpec(n_mbs=len(workers)))  # token-balanced, contiguous
@@ -65,9 +77,18 @@ async def run_call(
         requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
         requests[w].call = MFCCall(mfc.name, step, dp_rank, part)
     futures = {w: stream.post(model_worker_name(w), "mfc", req) for w, req in sorted(requests.items())}
-    replies: dict[int, MFCReply] = await wait_replies(futures, model_worker_name, f"mfc {mfc.name}", timeout)
+    return PostedCall(list(ids), list(workers), parts, futures, sum(meta.token_counts()), tik)
+
+
+async def finish_call(mfc: MFCDef, posted: PostedCall, buffer: SampleBuffer, timeout: float) -> CallResult:
+    """Wait for a posted call's replies and put its outputs in the buffer."""
+    replies: dict[int, MFCReply] = await wait_replies(
+        posted.futures, model_worker_name, f"mfc {mfc.name}", timeout
+    )
     stats: dict[str, list[float]] = {}
-    for w, part in zip(workers, parts):
+    # the workers' own time on the call: a call posted early also waits behind the previous one
+    worker_seconds = [r.seconds for r in replies.values() if r.seconds is not None]
+    for w, part in zip(posted.workers, posted.parts):
         buffer.add_owner(part.ids, mfc.input_keys, w)  # it now holds copies of what it received
         reply = replies[w]
         if reply.meta is not None:
@@ -75,11 +96,25 @@ async def run_call(
         for k, v in (reply.stats or {}).items():
             stats.setdefault(k, []).append(v)
     return CallResult(
-        ids=ids,
+        ids=posted.ids,
         stats={k: sum(v) / len(v) for k, v in stats.items()},  # mean over dp ranks
-        seconds=time.monotonic() - tik,
-        n_tokens=sum(meta.token_counts()),
+        seconds=max(worker_seconds) if worker_seconds else time.monotonic() - posted.tik,
+        n_tokens=posted.n_tokens,
     )
+
+
+async def run_call(
+    mfc: MFCDef,
+    step: int,
+    workers: list[int],
+    buffer: SampleBuffer,
+    stream: MasterStream,
+    tags: TagCounter,
+    timeout: float,
+) -> CallResult:
+    """Run ``mfc`` for ``step`` on the workers of its dp ranks; update the buffer with its outputs."""
+    ids = await buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
+    return await finish_call(mfc, post_call(mfc, step, ids, workers, buffer, stream, tags), buffer, timeout)
 
 
 async def post_all(stream: MasterStream, requests: dict[int, Any], handler: str, timeout: float) -> dict:

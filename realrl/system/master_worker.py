@@ -21,7 +21,7 @@ from realrl.api.core.system_api import ExperimentConfig, model_worker_name
 from realrl.base import logging
 from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
-from realrl.system.function_call import TagCounter, post_all, run_call, run_guarded
+from realrl.system.function_call import PostedCall, TagCounter, finish_call, post_all, post_call, run_guarded
 from realrl.system.protocol import (
     EvaluateRequest,
     FetchRequest,
@@ -30,11 +30,13 @@ from realrl.system.protocol import (
     SaveRequest,
     SetupRequest,
 )
-from realrl.system.request_reply_stream import MasterStream, WorkerLostError
+from realrl.system.request_reply_stream import MasterStream, WorkerLostError, wait_replies
 
 logger = logging.getLogger("master_worker")
 
-MAX_LIVE_STEPS = 2
+# steps in flight: the call running, the next one posted early (see _run_mfc), and two more
+# dataset batches fetched ahead, so the next batch is in the buffer before it is needed
+MAX_LIVE_STEPS = 4
 
 
 class Progress:
@@ -180,51 +182,120 @@ class MasterWorker:
             await asyncio.sleep(0.2)
 
     async def _load_data(self) -> None:
+        """Post the dataset fetches up to ``MAX_LIVE_STEPS`` ahead without waiting for each reply
+        (a fetch waits in the data worker's queue behind the call it is running), and add the
+        batches to the buffer in step order as their replies come (a failure of either half
+        fails this task, and so the run)."""
         cfg = self.config
         owners = cfg.allocations[cfg.owner_role()]
         counts = self._per_rank_counts(len(owners))
-        for step in range(self.start_step, self.total_steps):
-            await self.progress.wait_for(lambda s=step: s - self.progress.steps_done < MAX_LIVE_STEPS)
-            epoch, index = divmod(step, self.steps_per_epoch)
-            requests = {w: FetchRequest(n, step, epoch, index * n) for w, n in zip(owners, counts)}
-            replies = await post_all(self.stream, requests, "fetch", cfg.timeouts.request)
+        fetches: asyncio.Queue = asyncio.Queue()
+
+        async def post_fetches() -> None:
+            for step in range(self.start_step, self.total_steps):
+                await self.progress.wait_for(lambda s=step: s - self.progress.steps_done < MAX_LIVE_STEPS)
+                epoch, index = divmod(step, self.steps_per_epoch)
+                futures = {
+                    w: self.stream.post(
+                        model_worker_name(w), "fetch", FetchRequest(n, step, epoch, index * n)
+                    )
+                    for w, n in zip(owners, counts)
+                }
+                fetches.put_nowait((step, futures))
+            fetches.put_nowait(None)
+
+        await asyncio.gather(post_fetches(), self._collect_batches(fetches, owners))
+
+    async def _collect_batches(self, fetches: asyncio.Queue, owners: list[int]) -> None:
+        while (item := await fetches.get()) is not None:
+            step, futures = item
+            replies = await wait_replies(futures, model_worker_name, "fetch", self.config.timeouts.request)
             for w in owners:
                 self.buffer.add(replies[w].meta, owner=w, step=step)
             self.records[step] = {"step": step + 1, "epoch": replies[owners[0]].epoch + 1, "timing": {}}
 
     async def _run_mfc(self, mfc: MFCDef) -> None:
+        """``mfc``'s calls, step after step. When the next step's inputs are already in the buffer
+        (a dataset batch the loader fetched ahead), that call is posted before the current one has
+        replied: a worker runs its requests in order, so it goes straight from one call to the
+        next instead of idling through the master's round trip. Never across an evaluation or a
+        checkpoint, which must see the model between the two steps, and never while waiting:
+        before any wait, the pending call is finished (its outputs may be what is waited for)."""
         cfg = self.config
         trains = [
             m.name
             for m in cfg.mfcs
             if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
         ]
+        workers = cfg.allocations[mfc.role]
+        pending: tuple[int, PostedCall] | None = None
+        clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
-            if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP:
-                await self.progress.wait_for(
-                    lambda s=step: all(self.progress.calls_done[t] >= s for t in trains)
-                )
-            result = await run_call(
-                mfc,
-                step,
-                cfg.allocations[mfc.role],
-                self.buffer,
-                self.stream,
-                self.tags,
-                cfg.timeouts.request,
-            )
-            if self.trained.get(mfc.role) == mfc.name:
-                await self._evaluate(mfc, step)
-                await self._save(mfc, step + 1)
-            done = self.buffer.finish(mfc.name, result.ids)
-            if done:
-                await post_all(self.stream, dict.fromkeys(self.workers, done), "clear", cfg.timeouts.request)
-            record = self.records[step]
-            record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
-            record["timing"][mfc.name] = round(result.seconds, 4)
-            self.progress.calls_done[mfc.name] += 1
-            self._maybe_finish_step(step)
-            self.progress.notify()
+            ids = self._ready_inputs(mfc, step, trains)
+            if pending is not None and (ids is None or self._boundary_after(mfc, pending[0])):
+                await self._finish(mfc, *pending, clears)
+                pending = None
+            if ids is None:
+                if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP:
+                    await self.progress.wait_for(
+                        lambda s=step: all(self.progress.calls_done[t] >= s for t in trains)
+                    )
+                ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
+            posted = post_call(mfc, step, ids, workers, self.buffer, self.stream, self.tags)
+            if pending is not None:
+                await self._finish(mfc, *pending, clears)
+            pending = (step, posted)
+        if pending is not None:
+            await self._finish(mfc, *pending, clears)
+        for futures in clears:
+            await wait_replies(futures, model_worker_name, "clear", cfg.timeouts.request)
+
+    def _ready_inputs(self, mfc: MFCDef, step: int, trains: list[str]) -> list | None:
+        """The ids of ``mfc``'s call at ``step`` if it could be posted now without waiting: for a
+        non-training call, the parameter-version rule holds (every training call of its model at
+        ``step - 1`` is done), and its inputs are in the buffer. None otherwise."""
+        if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP and not all(
+            self.progress.calls_done[t] >= step for t in trains
+        ):
+            return None
+        return self.buffer.take_ready(mfc.name, mfc.input_keys, mfc.n_seqs)
+
+    def _boundary_after(self, mfc: MFCDef, step: int) -> bool:
+        """Whether an evaluation or a checkpoint of ``mfc``'s model follows its call at ``step``."""
+        if self.trained.get(mfc.role) != mfc.name:
+            return False
+        cfg, done = self.config, step + 1
+
+        def due(freq: int | None) -> bool:
+            return bool(freq) and done % freq == 0
+
+        return (
+            done == self.total_steps
+            or (bool(cfg.eval_datasets) and due(cfg.eval_freq_steps))
+            or due(cfg.save_freq_steps)
+            or due(cfg.ckpt_freq_steps)
+        )
+
+    async def _finish(self, mfc: MFCDef, step: int, posted: PostedCall, clears: list[dict]) -> None:
+        """Wait for the call's replies, then what follows it: evaluation and checkpoints of a
+        trained model, freeing samples every MFC is done with (not waited for: the clear
+        requests' replies are checked as they come and at the end), the step's record."""
+        cfg = self.config
+        result = await finish_call(mfc, posted, self.buffer, cfg.timeouts.request)
+        if self.trained.get(mfc.role) == mfc.name:
+            await self._evaluate(mfc, step)
+            await self._save(mfc, step + 1)
+        done = self.buffer.finish(mfc.name, result.ids)
+        if done:
+            clears.append({w: self.stream.post(model_worker_name(w), "clear", done) for w in self.workers})
+        while clears and all(f.done() for f in clears[0].values()):  # raise a failed clear now
+            await wait_replies(clears.pop(0), model_worker_name, "clear", cfg.timeouts.request)
+        record = self.records[step]
+        record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
+        record["timing"][mfc.name] = round(result.seconds, 4)
+        self.progress.calls_done[mfc.name] += 1
+        self._maybe_finish_step(step)
+        self.progress.notify()
 
     async def _evaluate(self, mfc: MFCDef, step: int) -> None:
         """Evaluate ``mfc``'s model on every dp rank's shard; the mean goes into this step's record."""

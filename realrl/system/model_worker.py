@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import time
 import zlib
 
 import torch
@@ -246,6 +247,12 @@ class ModelWorker(WorkerBase):
     # -- model function calls --------------------------------------------------------------------
 
     def run_mfc(self, req: MFCRequest) -> MFCReply:
+        tik = time.monotonic()
+        reply = self._run_mfc(req)
+        reply.seconds = time.monotonic() - tik
+        return reply
+
+    def _run_mfc(self, req: MFCRequest) -> MFCReply:
         run_transfers(self.store, req.pieces, self.config.worker_index, self.timeouts.transfer)
         call = req.call
         if call is None:

@@ -84,3 +84,4 @@ class MFCRequest:
 class MFCReply:
     meta: SequenceSample | None = None  # produced keys (graph names), metadata only
     stats: dict[str, float] | None = None
+    seconds: float | None = None  # the worker's own time on the call (transfers + compute)
