@@ -103,20 +103,6 @@ async def finish_call(mfc: MFCDef, posted: PostedCall, buffer: SampleBuffer, tim
     )
 
 
-async def run_call(
-    mfc: MFCDef,
-    step: int,
-    workers: list[int],
-    buffer: SampleBuffer,
-    stream: MasterStream,
-    tags: TagCounter,
-    timeout: float,
-) -> CallResult:
-    """Run ``mfc`` for ``step`` on the workers of its dp ranks; update the buffer with its outputs."""
-    ids = await buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
-    return await finish_call(mfc, post_call(mfc, step, ids, workers, buffer, stream, tags), buffer, timeout)
-
-
 async def post_all(stream: MasterStream, requests: dict[int, Any], handler: str, timeout: float) -> dict:
     """Post ``requests[w]`` to every worker ``w`` at once; their replies by worker index."""
     futures = {w: stream.post(model_worker_name(w), handler, data) for w, data in requests.items()}

@@ -236,10 +236,7 @@ class MasterWorker:
                 await self._finish(mfc, *pending, clears)
                 pending = None
             if ids is None:
-                if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP:
-                    await self.progress.wait_for(
-                        lambda s=step: all(self.progress.calls_done[t] >= s for t in trains)
-                    )
+                await self.progress.wait_for(lambda s=step: self._version_ready(mfc, s, trains))
                 ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
             posted = post_call(mfc, step, ids, workers, self.buffer, self.stream, self.tags)
             if pending is not None:
@@ -250,13 +247,17 @@ class MasterWorker:
         for futures in clears:
             await wait_replies(futures, model_worker_name, "clear", cfg.timeouts.request)
 
-    def _ready_inputs(self, mfc: MFCDef, step: int, trains: list[str]) -> list | None:
-        """The ids of ``mfc``'s call at ``step`` if it could be posted now without waiting: for a
-        non-training call, the parameter-version rule holds (every training call of its model at
-        ``step - 1`` is done), and its inputs are in the buffer. None otherwise."""
-        if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP and not all(
+    def _version_ready(self, mfc: MFCDef, step: int, trains: list[str]) -> bool:
+        """The parameter-version rule: a non-training call at ``step`` follows every training call
+        of its model at ``step - 1``."""
+        return mfc.interface_type is ModelInterfaceType.TRAIN_STEP or all(
             self.progress.calls_done[t] >= step for t in trains
-        ):
+        )
+
+    def _ready_inputs(self, mfc: MFCDef, step: int, trains: list[str]) -> list | None:
+        """The ids of ``mfc``'s call at ``step`` if it could be posted now without waiting (the
+        version rule holds and its inputs are in the buffer), else None."""
+        if not self._version_ready(mfc, step, trains):
             return None
         return self.buffer.take_ready(mfc.name, mfc.input_keys, mfc.n_seqs)
 
