@@ -1,4 +1,6 @@
-"""One model function call as the master runs it: take ids, split over dp ranks, move, compute.
+"""One model function call as the master runs it: post it (split over dp ranks, plan the moves),
+then finish it (wait for the replies, record the outputs). The master may post a call before
+finishing the previous one (``MasterWorker._run_mfc``).
 
 Everything one call asks of the workers is posted in one synchronous burst (no ``await`` in
 between), one request per worker, so every worker sees the calls in the same global order: that

@@ -8,8 +8,8 @@ needs while the launcher is still busy, then waits for its assignment on stdin: 
 naming the pickled worker configs, its index, the run's secret and its log file. Ray prestarts
 its worker processes for the same reason.
 
-A standby that is never assigned exits when its stdin closes (``close()``, or the launching
-process dying); it dies with the launching process like every local worker (PR_SET_PDEATHSIG).
+A standby that is never assigned is stopped by ``close()``, or exits when its stdin ends; it dies
+with the launching process like every local worker (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
