@@ -117,9 +117,13 @@ class SampleBuffer:
             ids = self.take_ready(mfc, keys, n)
             if ids is not None:
                 return ids
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            await fut
+            await self.next_change()
+
+    def next_change(self) -> asyncio.Future:
+        """A future resolved at the buffer's next change (samples added, keys produced, freed)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        return fut
 
     def finish(self, mfc: str, ids: Sequence[Hashable]) -> list[Hashable]:
         """``mfc`` is done with ``ids``; return (and drop) the ids every MFC is now done with."""

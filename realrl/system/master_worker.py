@@ -232,6 +232,8 @@ class MasterWorker:
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
             ids = self._ready_inputs(mfc, step, trains)
+            if pending is not None and ids is None and not self._boundary_after(mfc, pending[0]):
+                ids = await self._inputs_before_reply(mfc, step, trains, pending[1])
             if pending is not None and (ids is None or self._boundary_after(mfc, pending[0])):
                 await self._finish(mfc, *pending, clears)
                 pending = None
@@ -260,6 +262,21 @@ class MasterWorker:
         if not self._version_ready(mfc, step, trains):
             return None
         return self.buffer.take_ready(mfc.name, mfc.input_keys, mfc.n_seqs)
+
+    async def _inputs_before_reply(
+        self, mfc: MFCDef, step: int, trains: list[str], pending: PostedCall
+    ) -> list | None:
+        """The ids of ``mfc``'s call at ``step`` if its inputs arrive before ``pending`` replies, else
+        None. A worker answers a fetch queued behind the call it runs as soon as that call ends,
+        so the batch often lands a moment after the previous call's reply: waiting for either
+        keeps the next call queued behind the running one, whatever order the replies come in."""
+        replies = list(pending.futures.values())
+        while not all(f.done() for f in replies):
+            ids = self._ready_inputs(mfc, step, trains)
+            if ids is not None:
+                return ids
+            await asyncio.wait([self.buffer.next_change(), *replies], return_when=asyncio.FIRST_COMPLETED)
+        return None
 
     def _boundary_after(self, mfc: MFCDef, step: int) -> bool:
         """Whether an evaluation or a checkpoint of ``mfc``'s model follows its call at ``step``."""

@@ -21,7 +21,9 @@ class InOrderWorker:
     """A MasterStream stand-in: one worker that runs the requests it was sent one after the
     other. For every call it finishes it notes whether the next call was already waiting."""
 
-    def __init__(self, dataset_size: int, call_seconds: float = 0.01):
+    def __init__(self, dataset_size: int, call_seconds: float = 0.05):
+        # call_seconds: the master's own work between calls must fit in it, also on a loaded
+        # machine (10 ms was once too little under 14 parallel test processes)
         self.dataset_size, self.call_seconds = dataset_size, call_seconds
         self.inbox: collections.deque = collections.deque()
         self.arrived = asyncio.Event()
