@@ -8,7 +8,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["realrl", "realrl.*"]),
-    package_data={"realrl": ["**/*.json", "**/*.txt"]},
+    package_data={"realrl": ["**/*.json", "**/*.txt", "**/*.c"]},
     install_requires=[
         # torch: install the build for your machine first (README); any >= 2.4 works.
         "torch>=2.4",

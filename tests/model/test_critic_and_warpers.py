@@ -113,7 +113,8 @@ def test_sliding_window_is_applied(tmp_path):
         for layer in model.layers:
             layer.attn.window = None
         full = model(ids, cu)
-    assert torch.equal(windowed[:5], full[:5])  # inside the window nothing changes
+    # inside the window nothing changes (up to rounding: without a window the CPU kernel runs)
+    torch.testing.assert_close(windowed[:5], full[:5], atol=1e-6, rtol=1e-6)
     assert not torch.allclose(windowed[6:], full[6:])
 
 

@@ -15,7 +15,10 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-ATTN_IMPLS = ("auto", "flash_attn", "torch_varlen", "sdpa")
+from realrl.base import native_build
+from realrl.impl.model.modules import cpu_varlen
+
+ATTN_IMPLS = ("auto", "flash_attn", "torch_varlen", "cpu_varlen", "sdpa")
 
 
 @dataclasses.dataclass
@@ -36,6 +39,13 @@ class PackedMeta:
         return torch.zeros(B * L, dtype=torch.long, device=tokens.device).index_copy_(
             0, self.pad_index, tokens
         )
+
+    @functools.cached_property
+    def key_ranges(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """long [T] each: where each token's sequence starts, and how many tokens it attends to
+        (itself and those before it): what the ``cpu_varlen`` kernel reads."""
+        starts = self.cu_seqlens.long()[torch.div(self.pad_index, self.max_seqlen, rounding_mode="floor")]
+        return starts, self.positions + 1
 
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, total: int) -> PackedMeta:
@@ -80,8 +90,9 @@ def activation_dtype(weight_dtype: torch.dtype, device: torch.device) -> torch.d
 
 
 def resolve_attn_impl(impl: str, device: torch.device | str | None, dtype: torch.dtype | None = None) -> str:
-    """``auto`` -> flash_attn, then torch_varlen on CUDA with fp16/bf16 activations; sdpa otherwise
-    (fp32 on a GPU included: the varlen kernels have no fp32 path)."""
+    """``auto`` -> flash_attn, then torch_varlen on CUDA with fp16/bf16 activations; cpu_varlen on
+    the CPU with fp32 activations where its kernel builds; sdpa otherwise (fp32 on a GPU
+    included: the varlen CUDA kernels have no fp32 path)."""
     if impl not in ATTN_IMPLS:
         raise ValueError(f"unknown attn_impl {impl!r}; expected one of {ATTN_IMPLS}")
     on_cuda = torch.device(device or "cpu").type == "cuda"
@@ -91,7 +102,20 @@ def resolve_attn_impl(impl: str, device: torch.device | str | None, dtype: torch
             return "flash_attn"
         if on_cuda and half and torch_varlen_available():
             return "torch_varlen"
+        if not on_cuda and dtype in (None, torch.float32) and cpu_varlen.available():
+            return "cpu_varlen"
         return "sdpa"
+    if impl == "cpu_varlen":
+        if on_cuda:
+            raise ValueError(
+                f"attn_impl='cpu_varlen' is a CPU kernel; use 'auto' or a CUDA backend on {device}"
+            )
+        if not cpu_varlen.available():
+            raise ValueError(
+                "attn_impl='cpu_varlen' but its C kernel could not be built (it needs a C compiler: cc, "
+                f"gcc, clang or $CC; and {native_build.DISABLE_ENV} unset); use attn_impl='sdpa' or 'auto'"
+            )
+        return impl
     if impl in ("flash_attn", "torch_varlen") and not on_cuda:
         raise ValueError(f"attn_impl={impl!r} needs a CUDA device; use 'sdpa' (or 'auto') on {device}")
     if impl in ("flash_attn", "torch_varlen") and not half:
@@ -270,7 +294,9 @@ def packed_attention(
 
     ``shared`` = ``(expand, represent)`` of shared-prefix packing: q, k, v hold the Tc compressed
     tokens and the output is [Tc, Hq, D] (``keep`` still names original tokens)."""
-    if impl == "sdpa":
+    if impl == "cpu_varlen" and cpu_varlen.supports(q, window, dropout_p):
+        return cpu_varlen.cpu_varlen_attention(q, k, v, meta, scale, keep, shared)
+    if impl in ("sdpa", "cpu_varlen"):  # what cpu_varlen does not cover is sdpa's
         return _sdpa_packed(q, k, v, meta, scale, window, dropout_p, keep, shared)
     if shared is not None:
         expand, represent = shared

@@ -1,0 +1,174 @@
+"""``cpu_varlen``: packed variable-length attention on the CPU from a small C kernel.
+
+Why: RLHF batches on a CPU are many short sequences (a GRPO minibatch: 64 answers of ~25 tokens).
+SDPA wants a padded [B, H, Lmax, D] grid and pays a fixed cost per (sequence, head) in its
+kernel and in the scatter/gather around it; at these sizes that, not arithmetic, is the cost.
+The kernel (``cpu_varlen_attention.c``) reads the packed rows in place: query r attends to
+the keys ``key(start[r] + j)``, ``j < count[r]``, with ``key = kidx`` under shared-prefix
+packing (``modules/shared_prefix.py``: the sequences' copies of a prompt are one computed
+token) and the identity otherwise. Outputs equal SDPA's up to float rounding, gradients too
+(tests/model/test_cpu_varlen.py).
+
+Built on first use by the system C compiler (``realrl.base.native_build``); where none works,
+or for what the kernel does not cover (dropout, sliding windows, non-fp32, head dim > 256),
+``attention.py`` uses ``sdpa``. Work is split over ``torch.get_num_threads()`` threads (the
+library releases the GIL), each with its own key-gradient buffers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import functools
+import os
+
+import torch
+
+from realrl.base import native_build
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_varlen_attention.c")
+MAX_HEAD_DIM = 256
+# below this many (query, key, head) triples a call stays on one thread (threads cost more)
+MIN_TRIPLES_PER_THREAD = 200_000
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_COMMON = [_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F]
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = native_build.load(SOURCE)
+    if lib is not None:
+        lib.varlen_attn_fwd.argtypes = [*_COMMON, _P, _P, _I]
+        lib.varlen_attn_bwd.argtypes = [*_COMMON, _P, _P, _P, _P, _P, _P, _I]
+        lib.varlen_attn_fwd.restype = lib.varlen_attn_bwd.restype = ctypes.c_int
+    return lib
+
+
+@functools.cache
+def _pool(n_threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="cpu_varlen")
+
+
+def available() -> bool:
+    """Whether the kernel is built (or builds now) on this machine."""
+    return _library() is not None
+
+
+def supports(q: torch.Tensor, window: int | None, dropout_p: float) -> bool:
+    """What the kernel covers; the rest goes to sdpa."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and not window
+        and dropout_p == 0.0
+        and q.shape[-1] <= MAX_HEAD_DIM
+        and available()
+    )
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """[N, H, D] with unit strides inside a row (any row stride: a view of a fused qkv is fine)."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _chunks(start: torch.Tensor, count: torch.Tensor, n_heads: int) -> list[tuple[int, int]]:
+    """Query ranges for the threads, cut only between runs (queries sharing a start)."""
+    n, threads = start.shape[0], torch.get_num_threads()
+    if threads > 1:
+        threads = min(threads, int(count.sum()) * n_heads // MIN_TRIPLES_PER_THREAD)
+    if threads <= 1 or n < 2:
+        return [(0, n)]
+    bounds = torch.nonzero(start[1:] != start[:-1]).flatten() + 1  # first query of each run
+    if bounds.numel() == 0:
+        return [(0, n)]
+    work = torch.cumsum(count, 0)
+    targets = work[-1] * torch.arange(1, threads) / threads
+    cuts = bounds[torch.searchsorted(work[bounds - 1], targets).clamp(max=bounds.numel() - 1)]
+    edges = sorted({0, n, *cuts.tolist()})
+    return list(zip(edges[:-1], edges[1:]))
+
+
+class _VarlenAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, kidx, start, count, max_count: int, scale: float):
+        lib = _library()
+        n, hq, d = q.shape
+        hkv = k.shape[1]
+        out = torch.empty(n, hq, d, dtype=q.dtype)
+        lse = torch.empty(n, hq, dtype=q.dtype)
+
+        def run(a: int, b: int) -> int:
+            return lib.varlen_attn_fwd(
+                q.data_ptr() + a * q.stride(0) * 4, q.stride(0), b - a,
+                k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+                _ptr(kidx), start.data_ptr() + a * 8, count.data_ptr() + a * 8, hq, hkv, d, scale,
+                out.data_ptr() + a * hq * d * 4, lse.data_ptr() + a * hq * 4, max_count,
+            )  # fmt: skip
+
+        _check(_map(run, _chunks(start, count, hq)))
+        ctx.save_for_backward(q, k, v, kidx, start, count, out, lse)
+        ctx.max_count, ctx.scale = max_count, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, kidx, start, count, out, lse = ctx.saved_tensors
+        lib = _library()
+        dout = dout.contiguous()
+        n, hq, d = q.shape
+        hkv = k.shape[1]
+        dq = torch.zeros(n, hq, d, dtype=q.dtype)
+        chunks = _chunks(start, count, hq)
+        # keys can be shared between runs (a shared prompt): each thread sums into its own dk/dv
+        dkv = [torch.zeros(2, k.shape[0], hkv, d, dtype=k.dtype) for _ in chunks]
+
+        def run(chunk: tuple[int, int], grads: torch.Tensor) -> int:
+            a, b = chunk
+            return lib.varlen_attn_bwd(
+                q.data_ptr() + a * q.stride(0) * 4, q.stride(0), b - a,
+                k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+                _ptr(kidx), start.data_ptr() + a * 8, count.data_ptr() + a * 8, hq, hkv, d, ctx.scale,
+                out.data_ptr() + a * hq * d * 4, lse.data_ptr() + a * hq * 4, dout.data_ptr() + a * hq * d * 4,
+                dq.data_ptr() + a * hq * d * 4, grads[0].data_ptr(), grads[1].data_ptr(), ctx.max_count,
+            )  # fmt: skip
+
+        if len(chunks) == 1:
+            _check([run(chunks[0], dkv[0])])
+        else:
+            _check(list(_pool(len(chunks)).map(run, chunks, dkv)))
+        grads = dkv[0] if len(dkv) == 1 else torch.stack(dkv).sum(0)
+        return dq, grads[0], grads[1], None, None, None, None, None
+
+
+def _map(run, chunks: list[tuple[int, int]]) -> list[int]:
+    if len(chunks) == 1:
+        return [run(*chunks[0])]
+    return list(_pool(len(chunks)).map(lambda c: run(*c), chunks))
+
+
+def _check(codes: list[int]) -> None:
+    if any(codes):
+        raise RuntimeError(f"cpu_varlen attention kernel failed with codes {codes} (1: out of memory)")
+
+
+def cpu_varlen_attention(q, k, v, meta, scale: float, keep=None, shared=None) -> torch.Tensor:
+    """The ``packed_attention`` contract (``attention.py``): q [T, Hq, D], k/v [T, Hkv, D] (or the
+    compressed tokens under ``shared``), causal within each sequence; with ``keep`` only those
+    (original, ascending) tokens' queries, [N, Hq, D]."""
+    expand, represent = shared if shared is not None else (None, None)
+    starts, counts = meta.key_ranges
+    if keep is not None:
+        queries = q[keep] if expand is None else q[expand[keep]]
+        starts, counts = starts[keep], counts[keep]
+    elif represent is not None:
+        queries, starts, counts = q, starts[represent], counts[represent]
+    else:
+        queries = q
+    return _VarlenAttention.apply(
+        _rows(queries), _rows(k), _rows(v), expand, starts, counts, meta.max_seqlen, float(scale)
+    )
