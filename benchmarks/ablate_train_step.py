@@ -35,6 +35,12 @@ def rw_step(spec: BenchSpec, paths: dict[str, str]):
 
 
 def grpo_update(spec: BenchSpec, paths: dict[str, str]):
+    return grpo_pieces(spec, paths)["update"]
+
+
+def grpo_pieces(spec: BenchSpec, paths: dict[str, str]) -> dict:
+    """The toy policy after one real generation: ``model``, ``interface``, ``prompts``, the
+    ``rollout`` (with reference log-probs and random rewards) and ``update`` (one of the 16)."""
     from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, ModelInterfaceAbstraction
     from realrl.api.core.model_api import FinetuneSpec, make_backend, make_interface, make_model
     from realrl.experiments.toy_eval import load_batch
@@ -75,7 +81,7 @@ def grpo_update(spec: BenchSpec, paths: dict[str, str]):
             mb, None, iface._loss_fn, lambda m: float(m.data["ppo_loss_mask"].sum()), output_index_fn=index_fn
         )
 
-    return update
+    return {"model": model, "interface": iface, "prompts": prompts, "rollout": out, "update": update}
 
 
 def stand_ins() -> dict[str, contextlib.AbstractContextManager | None]:

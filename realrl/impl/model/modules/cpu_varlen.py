@@ -172,3 +172,26 @@ def cpu_varlen_attention(q, k, v, meta, scale: float, keep=None, shared=None) ->
     return _VarlenAttention.apply(
         _rows(queries), _rows(k), _rows(v), expand, starts, counts, meta.max_seqlen, float(scale)
     )
+
+
+def decode_attention(q, keys, values, lens, scale: float) -> torch.Tensor:
+    """One decoding step: q [B, Hq, D], one query per row, against that row's slots
+    ``0..lens[b]`` of a KV cache layer [B, Hkv, capacity, D], read in place (no mask, no copy)."""
+    lib = _library()
+    B, hq, d = q.shape
+    hkv, capacity = keys.shape[1], keys.shape[2]
+    if not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("decode_attention reads a contiguous [B, Hkv, capacity, D] cache")
+    q = _rows(q)
+    out = torch.empty(B, hq, d, dtype=q.dtype)
+    lse = torch.empty(B, hq, dtype=q.dtype)
+    # key row i = b * Hkv * capacity + slot, rows D apart and heads capacity * D apart
+    starts = torch.arange(B, dtype=torch.long) * (hkv * capacity)
+    counts = (lens + 1).to(torch.long).contiguous()
+    code = lib.varlen_attn_fwd(
+        q.data_ptr(), q.stride(0), B, keys.data_ptr(), d, capacity * d, values.data_ptr(), d, capacity * d,
+        None, starts.data_ptr(), counts.data_ptr(), hq, hkv, d, scale, out.data_ptr(), lse.data_ptr(),
+        int(counts.max()) if B else 1,
+    )  # fmt: skip
+    _check([code])
+    return out

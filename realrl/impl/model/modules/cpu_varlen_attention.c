@@ -132,6 +132,66 @@ INLINE void tile_weighted_sum(float *const outs[QT], const float *restrict w, co
 /* The rows of a tile: queries r0.. r0+QT-1 clipped to the run (extra slots repeat the last). */
 INLINE int64_t tile_rows(int64_t r0, int64_t r1, int64_t i) { return r0 + i < r1 ? r0 + i : r1 - 1; }
 
+INLINE float dot(const float *restrict a, const float *restrict b, const int64_t d) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t e = 0; e < d; e++) acc += a[e] * b[e];
+  return acc;
+}
+
+/* A run of one query (a decoding step, a reward model's last token): no gather, no tile; the
+   keys are read in place. */
+INLINE void fwd_single(const float *qr, const float *k, int64_t k_row, const float *v, int64_t v_row,
+                       const int64_t *kidx, int64_t base, int64_t n, const int64_t d, float scale,
+                       float *restrict o, float *lse, float *restrict s) {
+  for (int64_t e = 0; e < d; e++) o[e] = 0.0f;
+  if (n <= 0) { *lse = -INFINITY; return; }
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; j++) {
+    s[j] = dot(qr, k + key_row(kidx, base + j) * k_row, d) * scale;
+    m = s[j] > m ? s[j] : m;
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; j++) {
+    s[j] = exp_nonpos(s[j] - m);
+    sum += s[j];
+  }
+  for (int64_t j = 0; j < n; j++) {
+    const float p = s[j];
+    const float *restrict vr = v + key_row(kidx, base + j) * v_row;
+#pragma omp simd
+    for (int64_t e = 0; e < d; e++) o[e] += p * vr[e];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t e = 0; e < d; e++) o[e] *= inv;
+  *lse = m + logf(sum);
+}
+
+/* dk/dv rows are [rows, hkv, d]: ``dk_head`` is this head's offset, ``dk_row`` = hkv * d. */
+INLINE void bwd_single(const float *restrict qr, const float *k, int64_t k_row, const float *v, int64_t v_row,
+                       const int64_t *kidx, int64_t base, int64_t n, const int64_t d, float scale,
+                       const float *restrict orow, float l, const float *restrict dor, float *restrict dqr,
+                       float *dk, float *dv, int64_t dk_row, float *restrict s) {
+  if (n <= 0) return;
+  const float delta = dot(dor, orow, d);
+  for (int64_t j = 0; j < n; j++) s[j] = dot(qr, k + key_row(kidx, base + j) * k_row, d) * scale - l;
+#pragma omp simd
+  for (int64_t j = 0; j < n; j++) s[j] = exp_nonpos(s[j]);
+  for (int64_t j = 0; j < n; j++) {
+    const int64_t i = key_row(kidx, base + j);
+    const float *restrict kr = k + i * k_row, *restrict vr = v + i * v_row;
+    float *restrict dkr = dk + i * dk_row, *restrict dvr = dv + i * dk_row;
+    const float p = s[j], ds = p * (dot(dor, vr, d) - delta) * scale;
+#pragma omp simd
+    for (int64_t e = 0; e < d; e++) {
+      dvr[e] += p * dor[e];
+      dqr[e] += ds * kr[e];
+      dkr[e] += ds * qr[e];
+    }
+  }
+}
+
 INLINE void fwd_impl(const float *q, int64_t q_row, int64_t n_q, const float *k, int64_t k_row, int64_t k_head,
                      const float *v, int64_t v_row, int64_t v_head, const int64_t *kidx, const int64_t *start,
                      const int64_t *count, int64_t hq, int64_t hkv, const int64_t d, float scale, float *out,
@@ -141,6 +201,14 @@ INLINE void fwd_impl(const float *q, int64_t q_row, int64_t n_q, const float *k,
   for (int64_t r0 = 0, r1; r0 < n_q; r0 = r1) {
     int64_t base = start[r0], n_run = 0;
     for (r1 = r0; r1 < n_q && start[r1] == base; r1++) n_run = count[r1] > n_run ? count[r1] : n_run;
+    if (r1 - r0 == 1) {
+      for (int64_t h = 0; h < hq; h++) {
+        const int64_t g = h / group;
+        fwd_single(q + r0 * q_row + h * d, k + g * k_head, k_row, v + g * v_head, v_row, kidx, base, n_run, d,
+                   scale, out + (r0 * hq + h) * d, lse + r0 * hq + h, b->p);
+      }
+      continue;
+    }
     const int64_t np = (n_run + LANES - 1) / LANES * LANES;
     for (int64_t g = 0; g < hkv; g++) {
       gather_head(k + g * k_head, k_row, v + g * v_head, v_row, kidx, base, n_run, np, d, b, 0);
@@ -196,6 +264,14 @@ INLINE void bwd_impl(const float *q, int64_t q_row, int64_t n_q, const float *k,
   for (int64_t r0 = 0, r1; r0 < n_q; r0 = r1) {
     int64_t base = start[r0], n_run = 0;
     for (r1 = r0; r1 < n_q && start[r1] == base; r1++) n_run = count[r1] > n_run ? count[r1] : n_run;
+    if (r1 - r0 == 1) {
+      for (int64_t h = 0; h < hq; h++) {
+        const int64_t g = h / group, at = (r0 * hq + h) * d;
+        bwd_single(q + r0 * q_row + h * d, k + g * k_head, k_row, v + g * v_head, v_row, kidx, base, n_run, d,
+                   scale, out + at, lse[r0 * hq + h], dout + at, dq + at, dk + g * d, dv + g * d, hkv * d, b->p);
+      }
+      continue;
+    }
     const int64_t np = (n_run + LANES - 1) / LANES * LANES;
     for (int64_t g = 0; g < hkv; g++) {
       gather_head(k + g * k_head, k_row, v + g * v_head, v_row, kidx, base, n_run, np, d, b, 1);

@@ -119,7 +119,7 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
                     live, tokens, lens = live[keep], tokens[keep], lens[keep]
                     cache.select(keep)
                     max_len = int(lens.max())  # the longest row may have finished: attend less
-            h = model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights))
+            h = model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights, ctx.impl))
             logits = project(h, weights, model.head, lambda: (model.head.weight, None))
             lens = lens + 1
             max_len += 1
