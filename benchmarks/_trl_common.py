@@ -182,7 +182,9 @@ def run_measured(argv: list[str], log_path: str, threads: int | None = None, int
             rss, cpu, per = tree_usage(proc)
             peak = max(peak, rss)
             for pid, (name, r, _) in per.items():
-                per_peak[pid] = (name, max(r, per_peak.get(pid, (name, 0))[1]))
+                seen, top = per_peak.get(pid, (name, 0))
+                # a worker stays one (an exiting process's command line reads empty)
+                per_peak[pid] = ("worker" if "worker" in (seen, name) else name, max(r, top))
             now = time.time()
             series.append((now, cpu))
             for kind in {n for n, _, _ in per.values()}:
