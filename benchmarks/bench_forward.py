@@ -52,6 +52,9 @@ def add_model_args(ap: argparse.ArgumentParser, n: int = 32, lo: int = 16, hi: i
     ap.add_argument("--n-seqs", type=int, default=n)
     ap.add_argument("--min-len", type=int, default=lo)
     ap.add_argument("--max-len", type=int, default=hi)
+    ap.add_argument(
+        "--attn-impl", default="auto", help="realrl's attention backend (auto, sdpa, cpu_varlen, ...)"
+    )
 
 
 def sync(device: str) -> None:
@@ -60,7 +63,7 @@ def sync(device: str) -> None:
 
 
 def build_models(
-    seed: int = 0, size: str = "tiny", device: str = "cpu"
+    seed: int = 0, size: str = "tiny", device: str = "cpu", attn_impl: str = "auto"
 ) -> tuple[ReaLModel, transformers.PreTrainedModel]:
     """The same random llama-like weights as a ReaLModel and as a transformers model."""
     torch.manual_seed(seed)
@@ -69,7 +72,9 @@ def build_models(
     config = ReaLModelConfig(**SIZES[size], eos_token_id=1, bos_token_id=0)
     with tempfile.TemporaryDirectory() as d:
         ReaLModel(config, attn_impl="sdpa").save_pretrained(os.path.join(d, "m"))
-        ours = ReaLModel.from_pretrained(os.path.join(d, "m"), dtype=dtype, device=device)
+        ours = ReaLModel.from_pretrained(
+            os.path.join(d, "m"), dtype=dtype, device=device, attn_impl=attn_impl
+        )
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             os.path.join(d, "m"), dtype=dtype, attn_implementation="sdpa"
         ).to(device)
@@ -119,7 +124,7 @@ def main() -> None:
     add_model_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    ours, hf = build_models(size=args.size, device=args.device)
+    ours, hf = build_models(size=args.size, device=args.device, attn_impl=args.attn_impl)
     ours.train()
     hf.train()
     seqs = make_prompts(args.n_seqs, args.min_len, args.max_len, vocab=SIZES[args.size]["vocab_size"])
@@ -154,7 +159,7 @@ def main() -> None:
         peaks.append(torch.cuda.max_memory_allocated() / 2**30 if args.device != "cpu" else 0.0)
     (w_ours, c_ours), (w_hf, c_hf) = best_times([ours_step, hf_step], args.repeats, args.device)
     where = (
-        f"threads={torch.get_num_threads()}"
+        f"threads={torch.get_num_threads()}, {ours.attn_impl}"
         if args.device == "cpu"
         else f"{args.device} bf16, {ours.attn_impl}"
     )

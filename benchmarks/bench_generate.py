@@ -29,7 +29,7 @@ def main() -> None:
     add_model_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    ours, hf = build_models(size=args.size, device=args.device)
+    ours, hf = build_models(size=args.size, device=args.device, attn_impl=args.attn_impl)
     ours.eval()
     hf.eval()
     prompts = make_prompts(args.n_seqs, args.min_len, args.max_len, vocab=SIZES[args.size]["vocab_size"])
@@ -85,7 +85,7 @@ def main() -> None:
         f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
         f"max_new_tokens={args.max_new}, {args.eos_ids} EOS id(s); "
         + (
-            f"threads={torch.get_num_threads()}"
+            f"threads={torch.get_num_threads()}, {ours.attn_impl}"
             if args.device == "cpu"
             else f"{args.device} bf16, {ours.attn_impl}"
         )

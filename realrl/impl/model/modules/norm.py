@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from realrl.impl.model.modules import cpu_norm
+
 
 class RMSNorm(nn.Module):
     """Normalises in fp32 and casts back before the weight, as the HF llama family does."""
@@ -15,6 +17,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_norm.supports(x, self.weight):  # the same in one pass (``cpu_norm.py``)
+            return cpu_norm.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
