@@ -173,7 +173,8 @@ def test_a_broken_source_is_reported_and_loads_nothing(monkeypatch, tmp_path, ca
 @needs_kernel
 def test_generation_reads_the_kv_cache_in_place_with_the_same_results(tmp_path, monkeypatch):
     """Decoding steps (one query per row against its cache row, rows dropping out at EOS) give
-    sdpa's tokens and log-probs; the kernel is what runs them."""
+    sdpa's tokens and log-probs; the kernel runs them on one thread (with more, SDPA spreads a
+    step's rows over them)."""
     from model_fixtures import make_hf_model, packed
 
     from realrl.api.core.model_api import GenerationHyperparameters
@@ -182,18 +183,26 @@ def test_generation_reads_the_kv_cache_in_place_with_the_same_results(tmp_path, 
     make_hf_model("llama").save_pretrained(tmp_path / "m")  # 4 query / 2 KV heads
     ids, cu = packed([3, 9, 5, 12], seed=4)
     g = GenerationHyperparameters(n=2, max_new_tokens=12, temperature=0.9)
+    calls = []
+    real = cpu_varlen.decode_attention
+    monkeypatch.setattr(cpu_varlen, "decode_attention", lambda *args: calls.append(1) or real(*args))
+    threads = torch.get_num_threads()
     outs = {}
-    for impl in ("sdpa", "cpu_varlen"):
-        model = ReaLModel.from_pretrained(str(tmp_path / "m"), attn_impl=impl).eval()
-        assert model.attn_impl == impl
-        torch.manual_seed(0)
-        outs[impl] = model.generate(ids, cu, g, eos_token_id=[1, 2, 3])
+    try:
+        torch.set_num_threads(1)
+        for impl in ("sdpa", "cpu_varlen"):
+            model = ReaLModel.from_pretrained(str(tmp_path / "m"), attn_impl=impl).eval()
+            assert model.attn_impl == impl
+            torch.manual_seed(0)
+            outs[impl] = model.generate(ids, cu, g, eos_token_id=[1, 2, 3])
+        assert len(calls) >= 2 * 11  # both layers, every decoding step
+        calls.clear()
+        torch.set_num_threads(2)
+        model.generate(ids, cu, g, eos_token_id=[1, 2, 3])
+        assert not calls
+    finally:
+        torch.set_num_threads(threads)
     a, b = outs["sdpa"], outs["cpu_varlen"]
     assert a.seqlens == b.seqlens and min(a.seqlens) < max(a.seqlens)  # some rows ended early
     assert torch.equal(a.sequences, b.sequences)
     torch.testing.assert_close(b.logprobs, a.logprobs, atol=1e-5, rtol=1e-5)
-    calls = []
-    real = cpu_varlen.decode_attention
-    monkeypatch.setattr(cpu_varlen, "decode_attention", lambda *args: calls.append(1) or real(*args))
-    model.generate(ids, cu, g, eos_token_id=[1, 2, 3])
-    assert len(calls) >= 2 * 11  # both layers, every decoding step

@@ -158,7 +158,9 @@ class DecodeContext:
         measured ~20x faster on CPU than baddbmm + softmax + bmm, or SDPA with enable_gqa.
         """
         self.cache.write(layer, self._slots, k, v)
-        if self.impl == "cpu_varlen" and cpu_varlen.supports(q, window, 0.0):
+        # the kernel runs a decoding step on one thread; SDPA spreads the rows over several
+        # (bench_generate.py, 2 threads: SDPA ahead by ~5-10 %; 1 thread: the kernel ahead)
+        if self.impl == "cpu_varlen" and torch.get_num_threads() == 1 and cpu_varlen.supports(q, window, 0.0):
             return cpu_varlen.decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.lens, scale)
         B, hq, d = q.shape
         hkv = k.shape[1]
