@@ -50,3 +50,14 @@ def test_the_module_runs_the_kernel_on_fp32_cpu_only(monkeypatch):
     norm(x.bfloat16())
     norm.double()(x.double())
     assert calls == [1]
+    big = torch.randn(cpu_norm.TORCH_GRAIN_SIZE // 16 + 1, 16)  # where torch would use threads
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        norm.float()(big)
+        assert calls == [1]
+        torch.set_num_threads(1)
+        norm(big)
+        assert calls == [1, 1]
+    finally:
+        torch.set_num_threads(threads)

@@ -27,10 +27,16 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
+# torch runs an elementwise op on one thread up to this many elements (ATen's GRAIN_SIZE)
+TORCH_GRAIN_SIZE = 32768
+
+
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """fp32 on the CPU, where torch would run on one thread too: the kernel has one."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
+        and (torch.get_num_threads() == 1 or x.numel() <= TORCH_GRAIN_SIZE)
         and weight.dtype == torch.float32
         and x.shape[-1] == weight.shape[0]
         and _library() is not None
