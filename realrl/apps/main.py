@@ -18,6 +18,7 @@ import secrets
 import sys
 from collections.abc import Callable
 
+from realrl.api.core import devices
 from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
 from realrl.base import logging, network
 from realrl.base.name_resolve import NameRecordRepository
@@ -75,12 +76,16 @@ def run_experiment(
             ray.init(address=ray_address) if ray_address else ray.init()
         nr_cfg = NameResolveConfig("ray", namespace=f"realrl/{config.experiment_name}/{config.trial_name}")
         host = ray.util.get_node_ip_address()
-        launcher = RayLauncher(config.log_dir, secret, ray_cpus_per_worker)
+    placed, backend, gpus_per_worker = _devices(config, mode)
+    if mode != "local":
+        launcher = RayLauncher(config.log_dir, secret, ray_cpus_per_worker, gpus_per_worker)
     record = make_name_record(nr_cfg)
     run_root = names.run_root(config.experiment_name, config.trial_name)
     record.clear_subtree(run_root)
     log_handler = logging.add_file_handler(os.path.join(config.log_dir, "master.log"))
-    worker_configs = config.model_worker_configs(nr_cfg, bind_host=host if mode == "local" else None)
+    worker_configs = config.model_worker_configs(
+        nr_cfg, bind_host=host if mode == "local" else None, devices=placed, dist_backend=backend
+    )
     ok = False
     try:
         stats = asyncio.run(
@@ -103,6 +108,25 @@ def run_experiment(
         record.clear_subtree(run_root)
         logging.getLogger("realrl").removeHandler(log_handler)
         log_handler.close()
+
+
+def _devices(config: ExperimentConfig, mode: str) -> tuple[list[str], str, float]:
+    """Each worker's device, the process groups' backend and (Ray) the GPUs each actor asks for."""
+    n = config.n_model_workers
+    if not devices.is_cuda(config.device):
+        return [config.device] * n, devices.GLOO, 0.0
+    if mode == "local":
+        import torch
+
+        placed = devices.local_devices(config.device, n, torch.cuda.device_count(), config.colocate)
+        return placed, devices.dist_backend(placed), 0.0
+    import ray
+
+    gpus = devices.ray_gpus_per_worker(
+        config.device, n, ray.cluster_resources().get("GPU", 0.0), config.colocate
+    )
+    # Ray shows each actor only its own GPU(s); a fractional share may sit beside another worker
+    return ["cuda:0"] * n, devices.GLOO_AND_NCCL if gpus >= 1 else devices.GLOO, gpus
 
 
 async def _run_master(

@@ -101,12 +101,14 @@ def experiment_config(
 ) -> ExperimentConfig:
     """The runtime's ExperimentConfig from the common options, the graph and the models."""
     ctrl = common.exp_ctrl
+    placements = parse_allocation(common.allocation_mode, mfcs, common.manual, common.manual_layouts)
     return ExperimentConfig(
         experiment_name=common.experiment_name,
         trial_name=common.trial_name,
         mfcs=mfcs,
         models=models,
-        allocations=parse_allocation(common.allocation_mode, mfcs),
+        allocations={role: list(p.workers) for role, p in placements.items()},
+        layouts={role: p.layout for role, p in placements.items()},
         datasets=datasets,
         tokenizer_path=tokenizer_path,
         fileroot=common.fileroot,
@@ -120,6 +122,7 @@ def experiment_config(
         resume=common.recover_mode == "resume",
         import_modules=list(common.import_modules),
         device=common.resolved_device(),
+        colocate=common.colocate,
         torch_threads=common.torch_threads,
         retain_freed_memory=common.retain_freed_memory,
         **extra,

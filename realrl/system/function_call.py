@@ -1,5 +1,7 @@
 """One model function call as the master runs it: post it (split over dp ranks, plan the moves),
-then finish it (wait for the replies, record the outputs). The master may post a call before
+then finish it (wait for the replies, record the outputs). Every worker of a data-parallel
+replica (its tensor-parallel ranks) runs the call on the same share and produces the same
+outputs; each keeps a copy, and the replica's first worker reports the statistics. The master may post a call before
 finishing the previous one (``MasterWorker._run_mfc``).
 
 Everything one call asks of the workers is posted in one synchronous burst (no ``await`` in
@@ -49,7 +51,7 @@ class PostedCall:
     """A call whose requests are out: what ``finish_call`` needs once the replies come."""
 
     ids: list[Hashable]
-    workers: list[int]
+    replicas: list[list[int]]  # the workers of each dp rank
     parts: list
     futures: dict[int, asyncio.Future]
     n_tokens: int
@@ -60,26 +62,27 @@ def post_call(
     mfc: MFCDef,
     step: int,
     ids: list[Hashable],
-    workers: list[int],
+    replicas: list[list[int]],
     buffer: SampleBuffer,
     stream: MasterStream,
     tags: TagCounter,
 ) -> PostedCall:
-    """Post ``mfc`` on ``ids`` (already taken from the buffer) to the workers of its dp ranks, in
-    one synchronous burst; nothing is awaited."""
+    """Post ``mfc`` on ``ids`` (already taken from the buffer) to every worker of each of its dp
+    ranks (``replicas[d]``), in one synchronous burst; nothing is awaited."""
     tik = time.monotonic()
     meta = buffer.gather_meta(ids, mfc.input_keys)
-    parts = meta.split(MicroBatchSpec(n_mbs=len(workers)))  # token-balanced, contiguous
+    parts = meta.split(MicroBatchSpec(n_mbs=len(replicas)))  # token-balanced, contiguous
     requests: dict[int, MFCRequest] = {}
-    for dp_rank, (w, part) in enumerate(zip(workers, parts)):
-        pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
-        tags.take(len(pieces))
-        for p in pieces:
-            requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
-        requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
-        requests[w].call = MFCCall(mfc.name, step, dp_rank, part)
+    for dp_rank, (workers, part) in enumerate(zip(replicas, parts)):
+        for w in workers:
+            pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
+            tags.take(len(pieces))
+            for p in pieces:
+                requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
+            requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
+            requests[w].call = MFCCall(mfc.name, step, dp_rank, part)
     futures = {w: stream.post(model_worker_name(w), "mfc", req) for w, req in sorted(requests.items())}
-    return PostedCall(list(ids), list(workers), parts, futures, sum(meta.token_counts()), tik)
+    return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, sum(meta.token_counts()), tik)
 
 
 async def finish_call(mfc: MFCDef, posted: PostedCall, buffer: SampleBuffer, timeout: float) -> CallResult:
@@ -90,11 +93,14 @@ async def finish_call(mfc: MFCDef, posted: PostedCall, buffer: SampleBuffer, tim
     stats: dict[str, list[float]] = {}
     # the workers' own time on the call: a call posted early also waits behind the previous one
     worker_seconds = [r.seconds for r in replies.values() if r.seconds is not None]
-    for w, part in zip(posted.workers, posted.parts):
-        buffer.add_owner(part.ids, mfc.input_keys, w)  # it now holds copies of what it received
-        reply = replies[w]
+    for workers, part in zip(posted.replicas, posted.parts):
+        for w in workers:
+            buffer.add_owner(part.ids, mfc.input_keys, w)  # it now holds copies of what it received
+        head, reply = workers[0], replies[workers[0]]
         if reply.meta is not None:
-            buffer.update(reply.meta, owner=w)
+            buffer.update(reply.meta, owner=head)
+            for w in workers[1:]:  # its tensor-parallel ranks hold the same outputs
+                buffer.add_owner(reply.meta.ids, reply.meta.keys, w)
         for k, v in (reply.stats or {}).items():
             stats.setdefault(k, []).append(v)
     return CallResult(

@@ -160,8 +160,10 @@ class RayWorkerActor:
 class RayLauncher:
     """Workers as Ray actors on the cluster ``ray.init`` connected this driver to."""
 
-    def __init__(self, log_dir: str, secret: bytes, cpus_per_worker: float = 1.0):
-        self.log_dir, self.secret, self.cpus = log_dir, secret, cpus_per_worker
+    def __init__(
+        self, log_dir: str, secret: bytes, cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0
+    ):
+        self.log_dir, self.secret, self.cpus, self.gpus = log_dir, secret, cpus_per_worker, gpus_per_worker
         self.actors: dict[str, object] = {}
         self.refs: dict[str, object] = {}
 
@@ -179,7 +181,7 @@ class RayLauncher:
         for cfg in configs:
             name = cfg.worker_name
             open(worker_log_path(self.log_dir, name), "w").close()  # a rerun of the trial starts a fresh log
-            actor = actor_cls.options(num_cpus=self.cpus, max_restarts=0).remote()
+            actor = actor_cls.options(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0).remote()
             self.actors[name] = actor
             self.refs[name] = actor.run.remote(cfg, self.secret, worker_log_path(self.log_dir, name))
             logger.info("started %s as a Ray actor", name)

@@ -113,9 +113,12 @@ class MasterWorker:
         await self.stream.wait_hello(self.worker_names, t.connect, check=self.check_workers)
         logger.info("all %d model workers connected", len(self.workers))
         replies = await post_all(
-            self.stream, dict.fromkeys(self.workers, SetupRequest(cfg.allocations)), "setup", t.setup
+            self.stream,
+            dict.fromkeys(self.workers, SetupRequest({r: cfg.placement(r) for r in cfg.allocations})),
+            "setup",
+            t.setup,
         )
-        owners = cfg.allocations[cfg.owner_role()]
+        owners = cfg.data_workers()
         per_rank = self._per_rank_counts(len(owners))
         sizes = [replies[w].dataset_size for w in owners]
         self.steps_per_epoch = min(s // n for s, n in zip(sizes, per_rank))
@@ -187,7 +190,7 @@ class MasterWorker:
         batches to the buffer in step order as their replies come (a failure of either half
         fails this task, and so the run)."""
         cfg = self.config
-        owners = cfg.allocations[cfg.owner_role()]
+        owners = cfg.data_workers()
         counts = self._per_rank_counts(len(owners))
         fetches: asyncio.Queue = asyncio.Queue()
 
@@ -227,7 +230,7 @@ class MasterWorker:
             for m in cfg.mfcs
             if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
         ]
-        workers = cfg.allocations[mfc.role]
+        replicas = cfg.placement(mfc.role).replicas()
         pending: tuple[int, PostedCall] | None = None
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
@@ -240,7 +243,7 @@ class MasterWorker:
             if ids is None:
                 await self.progress.wait_for(lambda s=step: self._version_ready(mfc, s, trains))
                 ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
-            posted = post_call(mfc, step, ids, workers, self.buffer, self.stream, self.tags)
+            posted = post_call(mfc, step, ids, replicas, self.buffer, self.stream, self.tags)
             if pending is not None:
                 await self._finish(mfc, *pending, clears)
             pending = (step, posted)
@@ -323,13 +326,16 @@ class MasterWorker:
             last or (cfg.eval_freq_steps and (step + 1) % cfg.eval_freq_steps == 0)
         ):
             return
-        workers = cfg.allocations[mfc.role]
+        placement = cfg.placement(mfc.role)
         req = EvaluateRequest(mfc.role, mfc.name)
-        replies = await post_all(self.stream, dict.fromkeys(workers, req), "evaluate", cfg.timeouts.request)
-        keys = sorted({k for r in replies.values() for k in r})
+        replies = await post_all(
+            self.stream, dict.fromkeys(placement.workers, req), "evaluate", cfg.timeouts.request
+        )
+        heads = [replies[w] for w in placement.heads()]  # a replica's tp ranks report the same
+        keys = sorted({k for r in heads for k in r})
         record = self.records[step]
         for k in keys:
-            values = [r[k] for r in replies.values() if k in r]
+            values = [r[k] for r in heads if k in r]
             record[f"{mfc.name}/{k}"] = sum(values) / len(values)
 
     async def _save(self, mfc: MFCDef, steps_done: int) -> None:
@@ -340,12 +346,8 @@ class MasterWorker:
         last = steps_done == self.total_steps
         if last or (cfg.save_freq_steps and steps_done % cfg.save_freq_steps == 0):
             path = checkpointing.hf_dir(cfg.run_dir, role, None if last else steps_done)
-            await post_all(
-                self.stream,
-                {workers[0]: SaveRequest(role, "hf", path, mfc.name)},
-                "save",
-                cfg.timeouts.request,
-            )
+            req = SaveRequest(role, "hf", path, mfc.name)  # a sharded model gathers on every rank
+            await post_all(self.stream, dict.fromkeys(workers, req), "save", cfg.timeouts.request)
         if cfg.ckpt_freq_steps and (steps_done % cfg.ckpt_freq_steps == 0 or last):
             path = checkpointing.recover_dir(cfg.run_dir, steps_done, role)
             req = SaveRequest(role, "recover", path, mfc.name)

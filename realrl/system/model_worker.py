@@ -25,6 +25,7 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ModelWorkerConfig
 from realrl.base import host_memory, logging, network, seeding
 from realrl.base.name_resolve import NameRecordRepository
+from realrl.impl.model.parallel.mesh import ParallelContext, build_contexts
 from realrl.system import checkpointing, names
 from realrl.system.data_transfer import TensorStore, run_transfers
 from realrl.system.protocol import (
@@ -106,7 +107,7 @@ class ModelWorker(WorkerBase):
         self.store = TensorStore()
         self.models: dict[str, model_api.Model] = {}
         self.interfaces: dict[str, model_api.ModelInterface] = {}
-        self.dp_groups: dict[str, dist.ProcessGroup | None] = {}
+        self.parallel: dict[str, ParallelContext] = {}
         self.loader: ShardLoader | None = None
         self.eval_batches: dict[str, list[SequenceSample]] = {}
         self.tokenizer = None
@@ -136,7 +137,7 @@ class ModelWorker(WorkerBase):
         if cfg.bind_host == network.LOOPBACK:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(
-            "gloo",
+            cfg.dist_backend,
             init_method=f"tcp://{address}",
             rank=cfg.worker_index,
             world_size=cfg.n_model_workers,
@@ -150,11 +151,11 @@ class ModelWorker(WorkerBase):
         torch.set_num_threads(cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.n_model_workers))
         if cfg.retain_freed_memory and not host_memory.retain_freed_memory():
             logger.info("%s: retain_freed_memory needs glibc; the allocator keeps its defaults", self.name)
+        device = torch.device(cfg.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL and the engines use this worker's own GPU
         self._init_process_group()
-        for role, workers in sorted(req.dp_groups.items()):  # every rank creates every group, same order
-            group = dist.new_group(sorted(workers)) if len(workers) > 1 else None
-            if cfg.worker_index in workers:
-                self.dp_groups[role] = group
+        self.parallel = build_contexts(req.placements, cfg.worker_index, device.type)
         if cfg.tokenizer_path:
             self.tokenizer = data_api.load_hf_tokenizer(cfg.tokenizer_path)
         self._load_eval_data()
@@ -194,11 +195,14 @@ class ModelWorker(WorkerBase):
     def initialize(self, req: InitializeRequest) -> None:
         cfg = self.config
         for shard in sorted(cfg.shards, key=lambda s: s.role):
-            seeding.set_random_seed(cfg.seed)  # every dp rank starts from the same weights
+            # every rank starts from the same whole weights; a parallel backend keeps its part
+            seeding.set_random_seed(cfg.seed)
             model = model_api.make_model(shard.spec.model, shard.model_name, cfg.device)
             if model.tokenizer is None:
                 model.tokenizer = self.tokenizer
-            backend = _make_backend(shard.spec.backend, self.dp_groups.get(shard.role))
+            parallel = self.parallel[shard.role]
+            backend_args = {**shard.spec.backend.args, "parallel": parallel if parallel.mesh else None}
+            backend = model_api.make_backend(ModelBackendAbstraction(shard.spec.backend.type_, backend_args))
             self.models[shard.role] = backend.initialize(model, req.ft_spec)
         for mfc_name, impl in cfg.interfaces.items():
             self.interfaces[mfc_name] = model_api.make_interface(impl)
@@ -226,6 +230,10 @@ class ModelWorker(WorkerBase):
     def save(self, req: SaveRequest) -> None:
         model = self.models[req.role]
         if req.kind == "hf":
+            engine_parallel = getattr(model.module, "parallel", None)
+            collective = engine_parallel is not None and engine_parallel.sharded
+            if not collective and self.parallel[req.role].model_rank != 0:
+                return  # a whole replica: its first rank writes it
             self.interfaces[req.interface].save(model, req.path)
         elif req.kind == "recover":
             checkpointing.save_recover(model, req.role, self._role_interfaces(req.role), req.path)
@@ -305,18 +313,6 @@ class ModelWorker(WorkerBase):
         out = out.select(mfc.output_keys)
         self.store.put(out)
         return out.meta()
-
-
-def _make_backend(cfg: ModelBackendAbstraction, dp_group: dist.ProcessGroup | None):
-    """A backend that synchronises data-parallel ranks gets their group as ``dp_group``."""
-    if dp_group is None or "dp_group" in cfg.args:
-        return model_api.make_backend(cfg)
-    try:
-        return model_api.make_backend(ModelBackendAbstraction(cfg.type_, {**cfg.args, "dp_group": dp_group}))
-    except TypeError as e:
-        if "dp_group" not in str(e):
-            raise
-        return model_api.make_backend(cfg)  # a backend with nothing to synchronise (inference, null)
 
 
 def _float_stats(stats, mfc_name: str) -> dict[str, float]:

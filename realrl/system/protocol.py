@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from realrl.api.core.data_api import SequenceSample
+from realrl.api.core.layout import Placement
 from realrl.api.core.model_api import FinetuneSpec
 from realrl.system.data_transfer import TransferPiece
 
 
 @dataclasses.dataclass
 class SetupRequest:
-    dp_groups: dict[str, list[int]]  # every role's workers: all workers create the same groups
+    placements: dict[str, Placement]  # every model's layout and workers: all workers build every mesh
 
 
 @dataclasses.dataclass
@@ -36,8 +37,9 @@ class FetchRequest:
 
 @dataclasses.dataclass
 class SaveRequest:
-    """``kind="hf"``: ``interface`` saves the model (dp rank 0 only); ``kind="recover"``: every
-    dp rank writes the engine's resumable state (a collective)."""
+    """``kind="hf"``: ``interface`` saves the model (a collective when the model is sharded, else
+    only its first rank writes); ``kind="recover"``: every rank of the model writes the engine's
+    resumable state (a collective)."""
 
     role: str
     kind: str

@@ -10,17 +10,19 @@ import torch.multiprocessing as mp
 from _backend_toy import PackedToyLM, make_batch, n_loss_tokens, token_loss
 
 from realrl.api.core.data_api import MicroBatchSpec
+from realrl.api.core.layout import Layout, Placement
 from realrl.base.network import find_free_port
 from realrl.impl.model.backend import OptimizerConfig, TrainEngine
+from realrl.impl.model.parallel.mesh import build_contexts
 
 LENGTHS = [5, 9, 3, 12, 7, 4, 10, 6, 8, 11]
 SPLIT = [3, 7]  # uneven token counts per rank: a per-rank mean would be wrong for "global"
 OPT = OptimizerConfig(lr=1e-2, weight_decay=0.1, grad_clip=0.5)
 
 
-def make_engine(group=None) -> TrainEngine:
+def make_engine(parallel=None) -> TrainEngine:
     torch.manual_seed(0)
-    return TrainEngine(PackedToyLM(), OPT, total_train_steps=4, dp_group=group)
+    return TrainEngine(PackedToyLM(), OPT, total_train_steps=4, parallel=parallel)
 
 
 def grads(engine: TrainEngine) -> list[torch.Tensor]:
@@ -30,9 +32,9 @@ def grads(engine: TrainEngine) -> list[torch.Tensor]:
 def worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        group = dist.new_group([0, 1])
+        parallel = build_contexts({"toy": Placement(Layout(dp=2), (0, 1))}, rank, "cpu")["toy"]
         part = make_batch(LENGTHS).split_with_lengths(SPLIT)[rank]
-        engine = make_engine(group)
+        engine = make_engine(parallel)
         result = {}
         for scope in ("global", "dp"):
             engine.optimizer.zero_grad(set_to_none=True)
@@ -44,7 +46,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         result["params"] = [p.detach().clone() for p in engine.module.parameters()]
         ckpt = os.path.join(out_dir, "ckpt")
         engine.save(ckpt, extra_state={"rank": rank, "position": 10 + rank})
-        fresh = make_engine(group)
+        fresh = make_engine(parallel)
         result["extra"] = fresh.load(ckpt)
         result["loaded_equal"] = all(
             torch.equal(a, b) for a, b in zip(engine.module.parameters(), fresh.module.parameters())

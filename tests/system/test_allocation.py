@@ -7,34 +7,53 @@ import pickle
 import pytest
 from system_graphs import mock_config, mock_rlhf_mfcs
 
+from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.system_api import NameResolveConfig, Timeouts
 from realrl.api.quickstart.allocation import parse_allocation
 
 MFCS = mock_rlhf_mfcs()  # roles actor, critic, reward
 
 
+def workers(placements: dict[str, Placement]) -> dict[str, list[int]]:
+    return {role: list(p.workers) for role, p in placements.items()}
+
+
 def test_data_parallel_string_puts_every_role_everywhere():
-    assert parse_allocation("d2", MFCS) == {"actor": [0, 1], "critic": [0, 1], "reward": [0, 1]}
-    assert parse_allocation("d1m1p1", MFCS) == {"actor": [0], "critic": [0], "reward": [0]}
+    assert workers(parse_allocation("d2", MFCS)) == {"actor": [0, 1], "critic": [0, 1], "reward": [0, 1]}
+    assert workers(parse_allocation("d1m1p1", MFCS)) == {"actor": [0], "critic": [0], "reward": [0]}
+
+
+def test_layouts_in_reals_grammar_use_dp_times_tp_workers():
+    got = parse_allocation("actor:d1m2p1,critic:d2m1p1@2,*:d2m2p1", MFCS)
+    assert got["actor"] == Placement(Layout(1, 2, 1), (0, 1))
+    assert got["critic"] == Placement(Layout(2, 1, 1), (2, 3))
+    assert got["reward"].layout == Layout(2, 2, 1) and got["reward"].replicas() == [[0, 1], [2, 3]]
+    assert got["reward"].heads() == [0, 2] and got["reward"].coords_of(3) == (0, 1, 1)
 
 
 def test_per_role_strings_with_offsets_and_default():
     got = parse_allocation("actor:d2,critic:d1@1,*:d1@0", MFCS)
-    assert got == {"actor": [0, 1], "critic": [1], "reward": [0]}
+    assert workers(got) == {"actor": [0, 1], "critic": [1], "reward": [0]}
 
 
 def test_manual_lists_by_mfc_or_role():
     got = parse_allocation(
         "manual", MFCS, {"gen": [0, 1], "actor_train": [0, 1], "critic": [1], "reward": [0]}
     )
-    assert got == {"actor": [0, 1], "critic": [1], "reward": [0]}
+    assert workers(got) == {"actor": [0, 1], "critic": [1], "reward": [0]}
+    got = parse_allocation(
+        "manual", MFCS, {"actor": [2, 3], "critic": [1], "reward": [0]}, {"actor": "d1m2p1"}
+    )
+    assert got["actor"] == Placement(Layout(1, 2, 1), (2, 3)) and got["critic"].layout == Layout(1, 1, 1)
 
 
 @pytest.mark.parametrize(
     "mode, manual, match",
     [
-        ("d2m2p1", None, "only m1p1"),
         ("x2", None, "not of the form"),
+        ("d0m1p1", None, "must be >= 1"),
+        ("gen:d1m2p1,*:d1", None, "give layouts per model role"),
+        ("manual", {"actor": [0], "critic": [1], "reward": [0]}, None),
         ("actor:d2", None, r"no layout for roles \['critic', 'reward'\]"),
         ("actor:d2,policy:d1,*:d1", None, "role 'policy'"),
         (
@@ -48,8 +67,20 @@ def test_manual_lists_by_mfc_or_role():
     ],
 )
 def test_bad_allocations_say_what_is_wrong(mode, manual, match):
+    if match is None:  # the well-formed neighbour of the cases around it
+        assert parse_allocation(mode, MFCS, manual)
+        return
     with pytest.raises(ValueError, match=match):
         parse_allocation(mode, MFCS, manual)
+
+
+def test_manual_layout_must_match_its_worker_count():
+    with pytest.raises(
+        ValueError, match=r"manual allocation 'actor': layout d1m2p1 has 2 ranks but 3 workers"
+    ):
+        parse_allocation(
+            "manual", MFCS, {"actor": [0, 1, 2], "critic": [0], "reward": [0]}, {"actor": "d1m2p1"}
+        )
 
 
 def test_experiment_config_cuts_into_picklable_worker_configs(tmp_path):
@@ -76,7 +107,10 @@ def test_timeouts_must_leave_room_for_heartbeats():
     "kwargs, match",
     [
         ({"allocations": {"actor": [0, 1], "critic": [1]}}, "model 'reward' has no allocation"),
-        ({"allocations": {"actor": [0, 0], "critic": [1], "reward": [0]}}, "two dp ranks on one worker"),
+        (
+            {"allocations": {"actor": [0, 0], "critic": [1], "reward": [0]}},
+            "two ranks of layout d2m1p1 on one worker",
+        ),
         ({"n_model_workers": 3}, r"model workers \[2\] hold no model"),
         (
             {"allocations": {"actor": [0, 1], "critic": [1], "reward": [2]}, "n_model_workers": 2},

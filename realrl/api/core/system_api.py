@@ -18,7 +18,9 @@ from realrl.api.core.config import (
     ModelInterfaceAbstraction,
     ModelName,
 )
+from realrl.api.core.devices import GLOO
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType, build_graph
+from realrl.api.core.layout import Layout, Placement
 
 
 @dataclasses.dataclass
@@ -46,27 +48,43 @@ class Timeouts:
 
 @dataclasses.dataclass
 class ModelSpec:
-    """How to build one model role: the model factory and the engine wrapping it."""
+    """How to build one model role: the model factory and the engine wrapping it.
+
+    ``offload``: a frozen model stays in host memory between its calls and moves to the worker's
+    device for each call (ref and reward models in PPO).
+    """
 
     model: ModelAbstraction
     backend: ModelBackendAbstraction = dataclasses.field(
         default_factory=lambda: ModelBackendAbstraction("inference")
     )
+    offload: bool = False
 
 
 @dataclasses.dataclass
 class ModelShardSpec:
-    """One data-parallel rank of a model role living on one worker."""
+    """One rank of a model role's layout, living on one worker."""
 
     role: str
-    dp_rank: int
-    dp_size: int
-    dp_workers: tuple[int, ...]  # worker index of every dp rank (the process group's members)
+    placement: Placement  # the whole layout and the worker of every rank
     spec: ModelSpec
+    worker: int
 
     @property
     def model_name(self) -> ModelName:
         return ModelName(self.role)
+
+    @property
+    def layout(self) -> Layout:
+        return self.placement.layout
+
+    @property
+    def dp_rank(self) -> int:
+        return self.placement.coords_of(self.worker)[1]
+
+    @property
+    def dp_size(self) -> int:
+        return self.layout.dp
 
 
 @dataclasses.dataclass
@@ -101,7 +119,8 @@ class ModelWorkerConfig:
     eval_datasets: list[DatasetAbstraction]
     eval_batch_size: int
     bind_host: str | None  # None: the node's address (ray mode on a cluster)
-    device: str = "cpu"
+    device: str = "cpu"  # this worker's own device ("cuda:<local rank>", or what Ray assigned)
+    dist_backend: str = "gloo"  # "cpu:gloo,cuda:nccl" when every worker owns its GPU (api/core/devices.py)
     torch_threads: int | None = None  # None: this machine's cores shared evenly by the workers on it
     retain_freed_memory: bool = True  # base/host_memory.py: no page-fault churn on activations
 
@@ -118,8 +137,10 @@ def model_worker_name(index: int) -> str:
 class ExperimentConfig:
     """A run: the graph, the models and where they live, the data, the schedule, the run folder.
 
-    ``allocations[role]`` lists the worker index of each data-parallel rank of ``role``: ``[0, 1]``
-    is a model with dp size 2 on workers 0 and 1. Several roles may share a worker.
+    ``allocations[role]`` lists the worker of each rank of ``role``'s layout (``layouts[role]``,
+    default: data parallelism over the listed workers): ``[0, 1]`` with ``d2m1p1`` is a model
+    with dp size 2 on workers 0 and 1, with ``d1m2p1`` one replica split over both. Several roles
+    may share a worker.
     ``import_modules`` are imported by every worker before building anything (module names or
     ``.py`` paths), so plugins registered there (interfaces, datasets, models) are found.
     """
@@ -130,6 +151,7 @@ class ExperimentConfig:
     models: dict[str, ModelSpec]
     allocations: dict[str, list[int]]
     datasets: list[DatasetAbstraction]
+    layouts: dict[str, Layout] = dataclasses.field(default_factory=dict)  # default: d<len(workers)>
     n_model_workers: int | None = None  # default: 1 + the largest allocated worker index
     tokenizer_path: str | None = None
     fileroot: str = "/tmp/realrl"
@@ -145,7 +167,8 @@ class ExperimentConfig:
     eval_batch_size: int | None = None  # samples per evaluation batch; default n_seqs
     import_modules: list[str] = dataclasses.field(default_factory=list)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
-    device: str = "cpu"
+    device: str = "cpu"  # "cuda": one GPU per worker (api/core/devices.py); "cuda:<k>": all on GPU k
+    colocate: bool = False  # device=cuda with fewer GPUs than workers: workers share GPUs
     torch_threads: int | None = None  # CPU threads per worker; None: cores // workers on the machine
     retain_freed_memory: bool = True  # workers keep freed host memory (base/host_memory.py)
 
@@ -159,6 +182,9 @@ class ExperimentConfig:
         if self.n_model_workers is None:
             self.n_model_workers = 1 + max((w for ws in self.allocations.values() for w in ws), default=0)
         self.allocations = {role: list(ws) for role, ws in self.allocations.items()}
+        self.layouts = {
+            role: self.layouts.get(role) or Layout(dp=len(ws)) for role, ws in self.allocations.items()
+        }
         self.validate()
 
     # -- derived -----------------------------------------------------------------------------
@@ -184,6 +210,13 @@ class ExperimentConfig:
 
     def owner_role(self) -> str:
         return self.data_owner or self.source_mfcs()[0].role
+
+    def placement(self, role: str) -> Placement:
+        return Placement(self.layouts[role], tuple(self.allocations[role]))
+
+    def data_workers(self) -> list[int]:
+        """The workers that load the dataset: one per data-parallel rank of the owner role."""
+        return self.placement(self.owner_role()).heads()
 
     def trained_roles(self) -> dict[str, str]:
         """Role -> its first training MFC (the one whose interface saves the model)."""
@@ -229,16 +262,19 @@ class ExperimentConfig:
                 raise ValueError(f"allocations name model {role!r}, absent from models {sorted(self.models)}")
             if not workers:
                 raise ValueError(f"allocations[{role!r}] is empty: a model needs at least one worker")
-            if len(set(workers)) != len(workers):
-                raise ValueError(f"allocations[{role!r}] = {workers} puts two dp ranks on one worker")
+            try:
+                self.placement(role)
+            except ValueError as e:
+                raise ValueError(f"model {role!r}: {e}") from None
             bad = [w for w in workers if not 0 <= w < self.n_model_workers]
             if bad:
                 raise ValueError(
                     f"allocations[{role!r}] names workers {bad}, outside 0..{self.n_model_workers - 1}"
                 )
-            if len(workers) > self.batch_size:
+            if self.layouts[role].dp > self.batch_size:
                 raise ValueError(
-                    f"model {role!r} has dp size {len(workers)} > n_seqs {self.batch_size}: some ranks would get no data"
+                    f"model {role!r} has dp size {self.layouts[role].dp} > n_seqs {self.batch_size}: "
+                    "some ranks would get no data"
                 )
         if self.owner_role() not in self.allocations:
             raise ValueError(f"data_owner {self.owner_role()!r} is not an allocated model")
@@ -249,14 +285,19 @@ class ExperimentConfig:
     # -- worker configs ------------------------------------------------------------------------
 
     def model_worker_configs(
-        self, name_resolve: NameResolveConfig, bind_host: str | None = "127.0.0.1"
+        self,
+        name_resolve: NameResolveConfig,
+        bind_host: str | None = "127.0.0.1",
+        devices: list[str] | None = None,
+        dist_backend: str = GLOO,
     ) -> list[ModelWorkerConfig]:
-        owner = self.owner_role()
-        owner_workers = self.allocations[owner]
+        """``devices[w]``: worker w's device (default: ``self.device`` for all, e.g. "cpu")."""
+        data_workers = self.data_workers()
+        devices = devices or [self.device] * self.n_model_workers
         configs = []
         for w in range(self.n_model_workers):
             shards = [
-                ModelShardSpec(role, ws.index(w), len(ws), tuple(ws), self.models[role])
+                ModelShardSpec(role, self.placement(role), self.models[role], w)
                 for role, ws in sorted(self.allocations.items())
                 if w in ws
             ]
@@ -274,8 +315,8 @@ class ExperimentConfig:
                     mfcs=mfcs,
                     interfaces={m.name: m.interface_impl for m in mfcs},
                     datasets=list(self.datasets),
-                    dataset_dp_rank=owner_workers.index(w) if w in owner_workers else None,
-                    dataset_dp_size=len(owner_workers),
+                    dataset_dp_rank=data_workers.index(w) if w in data_workers else None,
+                    dataset_dp_size=len(data_workers),
                     tokenizer_path=self.tokenizer_path,
                     import_modules=list(self.import_modules),
                     timeouts=self.timeouts,
@@ -283,7 +324,8 @@ class ExperimentConfig:
                     eval_datasets=list(self.eval_datasets),
                     eval_batch_size=self.eval_batch_size or self.batch_size,
                     bind_host=bind_host,
-                    device=self.device,
+                    device=devices[w],
+                    dist_backend=dist_backend,
                     torch_threads=self.torch_threads,
                     retain_freed_memory=self.retain_freed_memory,
                 )

@@ -48,7 +48,10 @@ class CommonExperimentConfig:
     fileroot: str = "outputs"  # everything goes under fileroot/experiment_name/trial_name/
     mode: str = "local"
     ray_address: str | None = None  # mode=ray: an existing cluster ("auto" or host:port); None starts one
-    allocation_mode: str = "d1"
+    allocation_mode: str = "d1"  # d<dp>m<tp>p<pp>, per role ('actor:d1m2p1,*:d1'), or manual
+    manual: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # allocation_mode=manual
+    manual_layouts: dict[str, str] = dataclasses.field(default_factory=dict)  # its layouts (default d<n>)
+    colocate: bool = False  # device=cuda: let workers share GPUs when there are fewer GPUs than workers
     seed: int = 1
     device: str = "auto"
     torch_threads: int | None = None  # CPU threads per model worker; default: cores // workers

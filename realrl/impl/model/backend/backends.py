@@ -2,24 +2,26 @@
 
 ``make_backend(ModelBackendAbstraction(name, args)).initialize(model, ft_spec)`` replaces
 ``model.module`` by an engine and returns the model:
-  "train"      TrainEngine(optimizer=OptimizerConfig | dict, engine=EngineConfig | dict, dp_group=None)
-  "inference"  InferenceEngine(engine=EngineConfig | dict)
+  "train"      TrainEngine(optimizer=OptimizerConfig | dict, engine=EngineConfig | dict)
+  "inference"  InferenceEngine(engine=EngineConfig | dict, offload=False)
   "null"       leaves the model as it is
-``dp_group`` is a torch.distributed process group of the model's data-parallel ranks (the model
-worker passes it at run time); None trains in one process. Every backend accepts it; only "train"
-uses it.
+Every backend also takes ``parallel``: the model's ``ParallelContext`` on this worker (its layout,
+device mesh and process groups), which the model worker passes at run time; None is a model on
+one worker. The train and inference backends split the module as the layout says (tensor
+parallelism, then FSDP2 when ``engine.fsdp``) before wrapping it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
-
-import torch.distributed as dist
 
 from realrl.api.core.model_api import FinetuneSpec, Model, register_backend
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig, coerce
 from realrl.impl.model.backend.engine import InferenceEngine
 from realrl.impl.model.backend.train_engine import TrainEngine
+from realrl.impl.model.parallel.apply import parallelize
+from realrl.impl.model.parallel.mesh import ParallelContext
 
 
 def _check_module(model: Model, backend: str) -> None:
@@ -29,26 +31,36 @@ def _check_module(model: Model, backend: str) -> None:
         )
 
 
+def _split(model: Model, engine: EngineConfig, parallel: ParallelContext | None) -> ParallelContext | None:
+    """Make ``model.module`` parallel as its layout says; the context the engine is given."""
+    if parallel is None:
+        return None
+    parallel = dataclasses.replace(parallel, fsdp=engine.fsdp)
+    parallelize(model.module, parallel)
+    return parallel
+
+
 class TrainBackend:
     def __init__(
         self,
         optimizer: OptimizerConfig | dict[str, Any] | None = None,
         engine: EngineConfig | dict[str, Any] | None = None,
-        dp_group: dist.ProcessGroup | None = None,
+        parallel: ParallelContext | None = None,
     ) -> None:
         self.optimizer = coerce(OptimizerConfig, optimizer, "train backend 'optimizer'")
         self.engine = coerce(EngineConfig, engine, "train backend 'engine'")
-        self.dp_group = dp_group
+        self.parallel = parallel
 
     def initialize(self, model: Model, ft_spec: FinetuneSpec) -> Model:
         _check_module(model, "train")
+        parallel = _split(model, self.engine, self.parallel)
         model.module = TrainEngine(
             model.module,
             self.optimizer,
             self.engine,
             total_train_steps=ft_spec.total_train_steps,
             device=model.device,
-            dp_group=self.dp_group,
+            parallel=parallel,
         )
         model.ft_spec = ft_spec
         return model
@@ -56,21 +68,31 @@ class TrainBackend:
 
 class InferenceBackend:
     def __init__(
-        self, engine: EngineConfig | dict[str, Any] | None = None, dp_group: dist.ProcessGroup | None = None
+        self,
+        engine: EngineConfig | dict[str, Any] | None = None,
+        offload: bool = False,
+        parallel: ParallelContext | None = None,
     ) -> None:
-        del dp_group  # accepted so every backend takes the same arguments; inference needs no sync
         self.engine = coerce(EngineConfig, engine, "inference backend 'engine'")
+        self.offload = offload
+        self.parallel = parallel
 
     def initialize(self, model: Model, ft_spec: FinetuneSpec | None = None) -> Model:
         _check_module(model, "inference")
-        model.module = InferenceEngine(model.module, self.engine, device=model.device)
+        parallel = _split(model, self.engine, self.parallel)
+        model.module = InferenceEngine(
+            model.module, self.engine, device=model.device, parallel=parallel, offload=self.offload
+        )
         model.dtype = model.module.dtype
         return model
 
 
 class NullBackend:
-    def __init__(self, dp_group: dist.ProcessGroup | None = None) -> None:
-        del dp_group
+    def __init__(self, parallel: ParallelContext | None = None) -> None:
+        if parallel is not None and parallel.layout.tp > 1:
+            raise ValueError(
+                f"backend 'null' cannot split a model over tensor-parallel ranks (layout {parallel.layout})"
+            )
 
     def initialize(self, model: Model, ft_spec: FinetuneSpec | None = None) -> Model:
         return model

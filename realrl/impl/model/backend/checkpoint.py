@@ -3,13 +3,16 @@
 Layout of ``<dir>``:
   config.json, model.safetensors ...  the module's ``save_pretrained`` output (loads with HF), or
   model.safetensors                   the state dict when the module has no ``save_pretrained``
-  engine_state.pt                     optimizer, LR scheduler and grad-scaler state
-  rng_state_rank{r}.pt                python / numpy / torch (and CUDA) RNG of data-parallel rank r
+  sharded/                            instead of both above for a sharded (tensor-parallel or FSDP)
+                                      module: every rank's shards of weights and optimizer state
+                                      (``torch.distributed.checkpoint``), loadable with the same layout
+  engine_state.pt                     optimizer (unsharded), LR scheduler and grad-scaler state
+  rng_state_rank{r}.pt                python / numpy / torch (and CUDA) RNG of the model's rank r
   extra_state_rank{r}.pt              what the caller passed (data position, model version, ...)
 
 Everything is written into ``<dir>.tmp`` and renamed onto ``<dir>`` only once every rank has
-finished writing, so a crash never leaves a half-written checkpoint under the final name (DESIGN
-§7). With data parallelism all ranks must see one file system.
+finished writing, so a crash never leaves a half-written checkpoint under the final name. With
+several ranks all of them must see one file system.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +35,7 @@ logger = logging.getLogger("checkpoint")
 
 ENGINE_STATE = "engine_state.pt"
 WEIGHTS = "model.safetensors"
+SHARDED = "sharded"
 
 
 def rng_state() -> dict[str, Any]:
@@ -48,13 +53,33 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_module_weights(module: torch.nn.Module, path: str) -> None:
-    """HF format through ``module.save_pretrained`` when available, else a safetensors state dict."""
+def save_module_weights(
+    module: torch.nn.Module, path: str, state_dict: dict[str, torch.Tensor] | None = None
+) -> None:
+    """HF format through ``module.save_pretrained`` when available, else a safetensors state dict.
+    ``state_dict``: the weights to write instead of the module's own (whole weights gathered from
+    a sharded module)."""
     os.makedirs(path, exist_ok=True)
     if hasattr(module, "save_pretrained"):
-        module.save_pretrained(path)
-    else:
+        if state_dict is None:
+            module.save_pretrained(path)
+        else:
+            module.save_pretrained(path, state_dict=state_dict)
+    elif state_dict is None:
         safetensors.torch.save_model(module, os.path.join(path, WEIGHTS))
+    else:
+        safetensors.torch.save_file(_untied(state_dict), os.path.join(path, WEIGHTS))
+
+
+def _untied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory: give each its own."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in state_dict.items():
+        ptr = v.data_ptr()
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out
 
 
 def load_module_weights(module: torch.nn.Module, path: str) -> None:
@@ -95,15 +120,19 @@ def _collective_try(what: str, path: str, group: dist.ProcessGroup | None, fn, c
 
 def save_checkpoint(
     path: str,
-    module: torch.nn.Module,
+    module: torch.nn.Module | None,
     engine_state: dict[str, Any],
     extra_state: Any = None,
     group: dist.ProcessGroup | None = None,
+    sharded_state: dict[str, Any] | None = None,
 ) -> None:
-    """Write a checkpoint to ``path`` atomically (see the module docstring). Collective over ``group``.
+    """Write a checkpoint to ``path`` atomically (see the module docstring). Collective over ``group``
+    (every rank of the model).
 
     Rank 0 writes the shared part (weights, optimizer) first, since a module's own
     ``save_pretrained`` may replace the folder it writes to; then every rank adds its own files.
+    ``sharded_state``: this rank's shards (``parallel.state.sharded_state``), written by every rank
+    in place of ``module``'s whole weights.
     """
     path = os.path.abspath(path)
     tmp, old = path + ".tmp", path + ".old"
@@ -117,10 +146,21 @@ def save_checkpoint(
         if r == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
-            save_module_weights(module, tmp)
+            if sharded_state is None:
+                save_module_weights(module, tmp)
             torch.save(engine_state, os.path.join(tmp, ENGINE_STATE))
 
     _collective_try("writing weights and optimizer state", path, group, write_shared, cleanup)
+    if sharded_state is not None:
+        from realrl.impl.model.parallel.state import save_sharded
+
+        _collective_try(
+            "writing sharded weights and optimizer state",
+            path,
+            group,
+            lambda: save_sharded(os.path.join(tmp, SHARDED), sharded_state, group),
+            cleanup,
+        )
     _collective_try(
         "writing RNG and extra state", path, group, lambda: _write_rank_files(tmp, r, extra_state), cleanup
     )
@@ -134,9 +174,15 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: str, module: torch.nn.Module, group: dist.ProcessGroup | None = None
+    path: str,
+    module: torch.nn.Module,
+    group: dist.ProcessGroup | None = None,
+    load_shards: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], Any]:
-    """Load weights and this rank's RNG; return ``(engine_state, extra_state)``."""
+    """Load weights and this rank's RNG; return ``(engine_state, extra_state)``.
+
+    ``load_shards(folder)`` restores a sharded module (and its optimizer) from the ``sharded/``
+    folder instead of reading whole weights."""
     path = os.path.abspath(path)
     if not os.path.isdir(path) and os.path.isdir(path + ".old"):
         # A crash between the two renames of save_checkpoint: the previous checkpoint is intact.
@@ -147,7 +193,16 @@ def load_checkpoint(
     state_file = os.path.join(path, ENGINE_STATE)
     if not os.path.exists(state_file):
         raise FileNotFoundError(f"{path!r} holds no {ENGINE_STATE}: it is not a training checkpoint")
-    load_module_weights(module, path)
+    if load_shards is None:
+        load_module_weights(module, path)
+    else:
+        shards = os.path.join(path, SHARDED)
+        if not os.path.isdir(shards):
+            raise FileNotFoundError(
+                f"{path!r} holds no {SHARDED}/ folder: it was saved by an unsharded model; "
+                "resume with the layout and engine.fsdp setting it was saved with"
+            )
+        load_shards(shards)
     engine_state = torch.load(state_file, map_location="cpu", weights_only=False)
     r = dp.rank(group)
     rng_file = os.path.join(path, f"rng_state_rank{r}.pt")

@@ -68,12 +68,15 @@ class EngineConfig:
     ``share_prefixes``: compute the prefix the sequences of one sample share (the prompt of a
     [chosen, rejected] pair, of K GRPO answers) once per forward (``modules/shared_prefix.py``);
     the outputs are the same, the work drops by the repeated prompt tokens.
+    ``fsdp``: shard parameters, gradients and optimizer state over the layout's data-parallel
+    ranks with FSDP2 (``torch.distributed.fsdp.fully_shard``), on top of any tensor parallelism.
     """
 
     dtype: str = "auto"  # auto | fp32 | bf16 | fp16
     disable_dropout: bool = True
     gradient_checkpointing: bool = False
     share_prefixes: bool = True
+    fsdp: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from realrl.impl.model.parallel.dtensor import local
+
 BUCKET_BYTES = 32 * 1024 * 1024
 
 
@@ -30,7 +32,8 @@ def rank(group: dist.ProcessGroup | None) -> int:
 
 
 def comm_device(group: dist.ProcessGroup | None) -> torch.device:
-    """NCCL moves CUDA tensors only; gloo moves CPU tensors."""
+    """NCCL moves CUDA tensors only; gloo moves CPU tensors (a group with both, as a worker with its
+    own GPU creates, takes CPU tensors through gloo)."""
     if group is not None and dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -45,11 +48,21 @@ def all_reduce_sum(value: float, group: dist.ProcessGroup | None) -> float:
     return float(t.item())
 
 
+def all_reduce_max(value: int, group: dist.ProcessGroup | None) -> int:
+    """The largest of an integer over the group (how many micro-batches every rank must run)."""
+    if world_size(group) == 1:
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=comm_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
 def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: dist.ProcessGroup | None) -> None:
     """Sum every trainable parameter's gradient over the group, in place.
 
     A parameter without a gradient on this rank gets zeros, so every rank sends the same buckets
-    (otherwise a rank that skipped a parameter would deadlock the others).
+    (otherwise a rank that skipped a parameter would deadlock the others). A tensor-parallel
+    gradient (DTensor) is summed shard by shard: every replica splits it the same way.
     """
     if world_size(group) == 1:
         return
@@ -59,7 +72,7 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: dist.Proce
             continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
+        grads.append(local(p.grad))
     buckets: list[list[torch.Tensor]] = []
     size, key = 0, None
     for g in grads:

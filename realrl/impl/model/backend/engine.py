@@ -11,6 +11,12 @@ tokens only. A module whose ``packed_forward_options`` names ``output_index`` (R
 the index itself and skips the work nobody reads; any other module runs in full and is indexed
 afterwards. One naming ``prefix_groups`` is told which sequences form one sample (a pair, K
 answers to one prompt) and computes the prefix they share once (``EngineConfig.share_prefixes``).
+
+A parallel module (``impl/model/parallel``: tensor parallel, FSDP-sharded) comes already split;
+the engine is told its ``ParallelContext`` only for what the layout changes here: FSDP ranks run
+the same number of micro-batches (each block's weights are gathered collectively), generation
+gathers the weights once for the whole decoding loop, and a checkpoint gathers whole weights for
+the one rank that writes it.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import torch
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
+from realrl.impl.model.backend import dp
 from realrl.impl.model.backend.checkpoint import save_module_weights
 from realrl.impl.model.backend.config import EngineConfig
+from realrl.impl.model.parallel.mesh import ParallelContext
 
 INPUT_KEY = "packed_input_ids"
 PROMPT_KEY = "packed_prompts"
@@ -67,22 +75,66 @@ class InferenceEngine:
 
     Mixed precision: the module is cast to ``EngineConfig.dtype`` ("auto": fp32 on CPU, bf16 on
     CUDA); the train engine overrides this to keep fp32 master weights and use autocast.
+    ``offload``: the module lives in host memory and visits the device for each call (a frozen
+    model that is idle most of a step: PPO's reference and reward models).
     """
 
     casts_module = True
 
     def __init__(
-        self, module: torch.nn.Module, config: EngineConfig | None = None, device: torch.device | str = "cpu"
+        self,
+        module: torch.nn.Module,
+        config: EngineConfig | None = None,
+        device: torch.device | str = "cpu",
+        parallel: ParallelContext | None = None,
+        offload: bool = False,
     ) -> None:
         self.module = module
         self.config = config or EngineConfig()
         self.device = torch.device(device)
+        self.parallel = parallel
+        self.offload = offload
         self.dtype = self.config.resolve_dtype(self.device)
         if self.config.disable_dropout:
             disable_dropout(module)
         module.to(self.device)
         if self.casts_module:
             module.to(self.dtype)
+        if offload:
+            module.to("cpu")
+
+    # -- layout -----------------------------------------------------------------------------
+
+    @property
+    def fsdp(self) -> bool:
+        return self.parallel is not None and self.parallel.fsdp and self.parallel.layout.dp > 1
+
+    @property
+    def dp_group(self):
+        """The data-parallel ranks of the model (None: one replica)."""
+        return None if self.parallel is None else self.parallel.dp_group
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this rank writes the model's files (one rank of the model does)."""
+        return self.parallel is None or self.parallel.is_writer
+
+    def lockstep_count(self, n: int) -> int:
+        """How many micro-batches this rank runs when it holds ``n``: under FSDP every dp rank runs
+        as many as the rank with the most, since each forward gathers weights collectively."""
+        return dp.all_reduce_max(n, self.dp_group) if self.fsdp else n
+
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[None]:
+        """The module on the engine's device for the duration (an offloaded one goes back after)."""
+        if not self.offload:
+            yield
+            return
+        self.module.to(self.device)
+        try:
+            yield
+        finally:
+            self.module.to("cpu")
 
     # -- modes ------------------------------------------------------------------------------
 
@@ -165,10 +217,13 @@ class InferenceEngine:
         ``post_hook(output, mb)`` when given."""
         self._require(input_, INPUT_KEY, "forward")
         results = []
-        with self.mode(training=False):
-            for mb in self.split(input_, mb_spec):
+        mbs = self.split(input_, mb_spec)
+        with self.mode(training=False), self.on_device():
+            for mb in mbs:
                 out = self.packed_forward(mb, output_index_fn)
                 results.append(post_hook(out, mb) if post_hook is not None else out)
+            for _ in range(self.lockstep_count(len(mbs)) - len(mbs)):
+                self.packed_forward(mbs[0], output_index_fn)  # keeps the other FSDP ranks' gathers company
         return aggregate_fn(results)
 
     @torch.no_grad()
@@ -185,7 +240,7 @@ class InferenceEngine:
             raise TypeError(f"{type(self.module).__name__} has no generate(); it cannot serve generate MFCs")
         eos = getattr(tokenizer, "eos_token_id", None)
         outs = []
-        with self.mode(training=False):
+        with self.mode(training=False), self.on_device(), self.whole_weights():
             for mb in self.split(input_, mb_spec):
                 prompts = mb.data[PROMPT_KEY]
                 cu_seqlens = mb.cu_seqlens(PROMPT_KEY).to(self.device)
@@ -193,6 +248,26 @@ class InferenceEngine:
                     outs.append(self.module.generate(prompts, cu_seqlens, gconfig, eos_token_id=eos))
         return concat_generation_outputs(outs)
 
+    def whole_weights(self) -> contextlib.AbstractContextManager:
+        """FSDP: every unit's weights gathered for the duration (a decoding loop runs each block once
+        per token and reads the embedding and head outside ``forward``); else nothing to do."""
+        if not self.fsdp:
+            return contextlib.nullcontext()
+        from realrl.impl.model.parallel.fsdp import gathered
+
+        return gathered(self.module)
+
     def save_pretrained(self, path: str) -> None:
-        """Export the module's weights (HF format when the module offers ``save_pretrained``)."""
-        save_module_weights(self.module, path)
+        """Export the module's weights (HF format when the module offers ``save_pretrained``).
+
+        Collective over the model's ranks when it is sharded: the shards are gathered and only the
+        writing rank keeps and writes them, one ordinary folder."""
+        if self.parallel is None or not self.parallel.sharded:
+            if self.is_writer:
+                save_module_weights(self.module, path)
+            return
+        from realrl.impl.model.parallel.state import full_state_dict
+
+        state = full_state_dict(self.module, keep=self.is_writer)
+        if self.is_writer:
+            save_module_weights(self.module, path, state)

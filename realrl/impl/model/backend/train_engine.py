@@ -40,6 +40,8 @@ from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.engine import INPUT_KEY, InferenceEngine, OutputIndexFn
 from realrl.impl.model.backend.lr_schedule import LRScheduler
 from realrl.impl.model.backend.optim import build_optimizer
+from realrl.impl.model.parallel.grad_norm import clip_grad_norm
+from realrl.impl.model.parallel.mesh import ParallelContext
 
 logger = logging.getLogger("train_engine")
 
@@ -63,18 +65,26 @@ class TrainEngine(InferenceEngine):
         engine_config: EngineConfig | None = None,
         total_train_steps: int = 1,
         device: torch.device | str = "cpu",
-        dp_group: dist.ProcessGroup | None = None,
+        parallel: ParallelContext | None = None,
     ) -> None:
-        super().__init__(module, engine_config, device)
+        super().__init__(module, engine_config, device, parallel)
         self.optimizer_config = optimizer_config or OptimizerConfig()
-        self.dp_group = dp_group
-        dp.world_size(dp_group)  # fail early if the group is unusable
+        dp.world_size(self.dp_group)  # fail early if the group is unusable
+        if self.fsdp:
+            from realrl.impl.model.parallel.fsdp import sum_gradients
+
+            sum_gradients(module)  # the loss scaling below already divides by the global weight
         if self.config.gradient_checkpointing:
             enable_gradient_checkpointing(module)
         self.optimizer = build_optimizer(module, self.optimizer_config)
         self.lr_scheduler = LRScheduler(self.optimizer, self.optimizer_config, total_train_steps)
         use_scaler = self.dtype == torch.float16
         self.grad_scaler = torch.amp.GradScaler(self.device.type) if use_scaler else None
+
+    @property
+    def grad_sync_group(self) -> dist.ProcessGroup | None:
+        """The ranks whose gradients the engine sums itself (FSDP reduces its own shards)."""
+        return None if self.fsdp else self.dp_group
 
     # -- gradients --------------------------------------------------------------------------
 
@@ -97,6 +107,7 @@ class TrainEngine(InferenceEngine):
             raise ValueError(f"loss_weight_fn returned a negative weight: {weights}")
         local_total = sum(weights)
         n_ranks = dp.world_size(self.dp_group)
+        n_runs = self.lockstep_count(len(mbs))
         if token_normalize_scope == "global":
             total, divide = dp.all_reduce_sum(local_total, self.dp_group), 1.0
         else:
@@ -106,8 +117,11 @@ class TrainEngine(InferenceEngine):
 
         loss_sum, stat_sums, n_tokens = 0.0, {}, 0
         with self.mode(training=True):
-            for mb, w in zip(mbs, weights):
+            for i in range(n_runs):
+                mb, w = (mbs[i], weights[i]) if i < len(mbs) else (mbs[0], 0.0)
                 if w == 0:  # nothing to learn here; its mean loss may be 0/0 = NaN, which * 0 stays NaN
+                    if self.fsdp:  # the other ranks gather and reduce this step's weights: join them
+                        self.packed_forward(mb, output_index_fn).float().sum().mul(0.0).backward()
                     continue
                 output = self.packed_forward(mb, output_index_fn)
                 loss, stats = loss_fn(output, mb)
@@ -121,7 +135,7 @@ class TrainEngine(InferenceEngine):
                 for k, v in stats.items():
                     stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * share
                 n_tokens += sum(mb.flat_seqlens(INPUT_KEY))
-        dp.all_reduce_gradients(self.module.parameters(), self.dp_group)
+        dp.all_reduce_gradients(self.module.parameters(), self.grad_sync_group)
         return {
             "loss": loss_sum,
             **stat_sums,
@@ -140,7 +154,10 @@ class TrainEngine(InferenceEngine):
             self.grad_scaler.unscale_(self.optimizer)
         params = [p for p in self.module.parameters() if p.grad is not None]
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if self.sharded:  # shards' squares summed over the mesh: the norm of the whole gradient
+            grad_norm = clip_grad_norm(params, max_norm)
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         lr = self.lr_scheduler.step(version_steps)
         skipped = 0.0
         if self.grad_scaler is not None:  # the scaler skips the step itself on inf/NaN and backs off
@@ -182,21 +199,42 @@ class TrainEngine(InferenceEngine):
 
     # -- checkpoints ------------------------------------------------------------------------
 
+    @property
+    def sharded(self) -> bool:
+        return self.parallel is not None and self.parallel.sharded
+
     def engine_state(self) -> dict[str, Any]:
+        """What every rank holds alike; a sharded optimizer's state goes with the weights' shards."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": None if self.sharded else self.optimizer.state_dict(),
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
         }
 
     def save(self, path: str, extra_state: Any = None) -> None:
-        """Atomic checkpoint of weights (HF format), optimizer, schedule, RNG and ``extra_state``."""
-        save_checkpoint(path, self.module, self.engine_state(), extra_state, self.dp_group)
+        """Atomic checkpoint of weights (HF format, or every rank's shards), optimizer, schedule, RNG
+        and ``extra_state``. Collective over the model's ranks."""
+        group = None if self.parallel is None else self.parallel.model_group
+        shards = None
+        if self.sharded:
+            from realrl.impl.model.parallel.state import sharded_state
+
+            shards = sharded_state(self.module, self.optimizer)
+        save_checkpoint(path, self.module, self.engine_state(), extra_state, group, shards)
 
     def load(self, path: str) -> Any:
         """Restore everything ``save`` wrote; return the ``extra_state`` saved by this rank."""
-        state, extra = load_checkpoint(path, self.module, self.dp_group)
-        self.optimizer.load_state_dict(state["optimizer"])
+        group = None if self.parallel is None else self.parallel.model_group
+        load_shards = None
+        if self.sharded:
+            from realrl.impl.model.parallel.state import load_sharded
+
+            def load_shards(folder: str) -> None:
+                load_sharded(folder, self.module, self.optimizer, group)
+
+        state, extra = load_checkpoint(path, self.module, group, load_shards)
+        if state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if self.grad_scaler is not None and state.get("grad_scaler") is not None:
             self.grad_scaler.load_state_dict(state["grad_scaler"])

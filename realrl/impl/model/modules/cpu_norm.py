@@ -32,9 +32,12 @@ TORCH_GRAIN_SIZE = 32768
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """fp32 on the CPU, where torch would run on one thread too: the kernel has one."""
+    """fp32 on the CPU, where torch would run on one thread too: the kernel has one. Plain tensors
+    only: the kernel reads raw pointers, which a tensor subclass (a tensor-parallel collective's
+    not-yet-waited output) does not offer."""
     return (
-        x.device.type == "cpu"
+        type(x) is torch.Tensor
+        and x.device.type == "cpu"
         and x.dtype == torch.float32
         and (torch.get_num_threads() == 1 or x.numel() <= TORCH_GRAIN_SIZE)
         and weight.dtype == torch.float32

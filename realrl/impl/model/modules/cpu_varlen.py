@@ -56,9 +56,11 @@ def available() -> bool:
 
 
 def supports(q: torch.Tensor, window: int | None, dropout_p: float) -> bool:
-    """What the kernel covers; the rest goes to sdpa."""
+    """What the kernel covers; the rest goes to sdpa. Plain tensors only: the kernel reads raw
+    pointers, which a tensor subclass (a collective's not-yet-waited output) does not offer."""
     return (
-        q.device.type == "cpu"
+        type(q) is torch.Tensor
+        and q.device.type == "cpu"
         and q.dtype == torch.float32
         and not window
         and dropout_p == 0.0

@@ -14,7 +14,7 @@ import torch
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
 from realrl.impl.model.modules.attention import activation_dtype
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_attention_kernels
-from realrl.impl.model.nn.transformer_block import project
+from realrl.impl.model.nn.transformer_block import linear
 from realrl.impl.model.utils.logits_warper import warp_logits
 
 
@@ -83,7 +83,7 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
     model.check_length(max(prompt_lens) + max_new, "prompt + max_new_tokens")
     dtype = activation_dtype(model.dtype, device)  # bf16 under autocast with fp32 weights
     cache = KVCache(
-        cfg.n_layers, n_prompts, cfg.n_kv_heads, max(prompt_lens) + max_new, cfg.head_dim, dtype, device
+        cfg.n_layers, n_prompts, model.local_kv_heads, max(prompt_lens) + max_new, cfg.head_dim, dtype, device
     )
     lens_t = torch.tensor(prompt_lens, device=device)
     rows = torch.repeat_interleave(torch.arange(n_prompts, device=device), lens_t)
@@ -120,7 +120,7 @@ def _generate(model, input_ids, cu_seqlens, g: GenerationHyperparameters, eos_to
                     cache.select(keep)
                     max_len = int(lens.max())  # the longest row may have finished: attend less
             h = model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights, ctx.impl))
-            logits = project(h, weights, model.head, lambda: (model.head.weight, None))
+            logits = linear(h, weights, model.head)
             lens = lens + 1
             max_len += 1
     return _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos)

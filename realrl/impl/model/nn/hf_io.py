@@ -127,7 +127,9 @@ def _swap_into_place(tmp: str, save_dir: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save_pretrained(model, save_dir: str, tokenizer: Any = None) -> None:
+def save_pretrained(
+    model, save_dir: str, tokenizer: Any = None, state_dict: dict[str, torch.Tensor] | None = None
+) -> None:
     import transformers
     from safetensors.torch import save_file
 
@@ -138,7 +140,8 @@ def save_pretrained(model, save_dir: str, tokenizer: Any = None) -> None:
     if arch:
         hf_cfg.architectures = [arch]
     hf_cfg.dtype = model.dtype
-    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    source = model.state_dict() if state_dict is None else state_dict
+    sd = {k: v.detach().cpu().contiguous() for k, v in source.items()}
     head = {k[len("head.") :]: sd.pop(k) for k in list(sd) if k.startswith("head.")} if cfg.is_critic else {}
     hf_sd = family.sd_to_hf(sd, cfg)
 

@@ -101,6 +101,11 @@ class ReaLModel(nn.Module):
         return self.embed.wte.weight.dtype
 
     @property
+    def local_kv_heads(self) -> int:
+        """KV heads this process holds (all of them, or its share under tensor parallelism)."""
+        return self.layers[0].attn.n_kv if len(self.layers) else self.config.n_kv_heads
+
+    @property
     def device(self) -> torch.device:
         return self.embed.wte.weight.device
 
@@ -221,7 +226,11 @@ class ReaLModel(nn.Module):
 
         return load_pretrained(cls, path, is_critic, dtype, attn_impl, device, critic_head_init)
 
-    def save_pretrained(self, save_dir: str, tokenizer: Any = None) -> None:
+    def save_pretrained(
+        self, save_dir: str, tokenizer: Any = None, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """``state_dict``: whole weights to write instead of this module's own (a tensor-parallel or
+        FSDP-sharded module's, gathered)."""
         from realrl.impl.model.nn.hf_io import save_pretrained
 
-        save_pretrained(self, save_dir, tokenizer)
+        save_pretrained(self, save_dir, tokenizer, state_dict)

@@ -11,6 +11,7 @@ from realrl.impl.model.modules.attention import activation_dtype
 from realrl.impl.model.modules.mlp import MLP
 from realrl.impl.model.modules.norm import RMSNorm, make_norm
 from realrl.impl.model.modules.rotary import apply_rotary
+from realrl.impl.model.parallel.dtensor import is_dtensor
 
 
 class Attention(nn.Module):
@@ -32,6 +33,13 @@ class Attention(nn.Module):
             self.k_ln = RMSNorm(self.head_dim, cfg.layer_norm_epsilon, **kw)
         self.qk_layernorm = cfg.qk_layernorm
 
+    def qkv(self, x: torch.Tensor, cache: dict | None) -> torch.Tensor:
+        """[T, (hq + 2 hkv) d]: fused into one matmul, or three sharded linears under tensor
+        parallelism (the heads of this rank only)."""
+        if is_sharded(self.q):
+            return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
+        return project(x, cache, self, self.fused_qkv)
+
     def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One [q; k; v] projection: a single matmul instead of three (differentiable)."""
         w = torch.cat([self.q.weight, self.k.weight, self.v.weight])
@@ -48,7 +56,7 @@ class Attention(nn.Module):
         """[T, hidden] -> [T, hidden]; with ``keep`` (token indices), only those rows come out:
         every token still serves as a key and value, the output projection runs on ``keep``."""
         T, hq, hkv, d = x.shape[0], self.n_q, self.n_kv, self.head_dim
-        qkv = project(x, ctx.weight_cache, self, self.fused_qkv).view(T, hq + 2 * hkv, d)
+        qkv = self.qkv(x, ctx.weight_cache).view(T, hq + 2 * hkv, d)
         # split, not slicing: a slice's backward zero-fills the whole input and copies into it
         qk, v = qkv.split([hq + hkv, hkv], dim=1)
         if self.qk_layernorm:
@@ -61,7 +69,20 @@ class Attention(nn.Module):
             out = ctx.attend(self.layer_idx, q, k, v, self.scale, self.window)
         else:
             out = ctx.attend(self.layer_idx, q, k, v, self.scale, self.window, keep)
-        return project(out.reshape(out.shape[0], hq * d), ctx.weight_cache, self.o, _plain(self.o))
+        return linear(out.reshape(out.shape[0], hq * d), ctx.weight_cache, self.o)
+
+
+def is_sharded(module: nn.Linear) -> bool:
+    """Whether a tensor-parallel plan made this linear's weight a DTensor: it then runs through its
+    own forward, whose hooks lay inputs and outputs out over the mesh."""
+    return is_dtensor(module.weight)
+
+
+def linear(x: torch.Tensor, cache: dict | None, module: nn.Linear) -> torch.Tensor:
+    """``module(x)``; through the decoding weight cache (``project``) unless it is sharded."""
+    if is_sharded(module):
+        return module(x)
+    return project(x, cache, module, _plain(module))
 
 
 def project(x: torch.Tensor, cache: dict | None, module: nn.Module, build) -> torch.Tensor:
@@ -92,6 +113,8 @@ def gate_up(h: torch.Tensor, cache: dict | None, mlp: MLP) -> tuple[torch.Tensor
     on those ran ~30% slower on CPU than the second matmul dispatch costs (toy RM step, T=2.5k,
     I=256). Decoding (a cache, a few rows): one fused matmul, where dispatch is what counts.
     """
+    if is_sharded(mlp.up):
+        return mlp.gate(h), mlp.up(h)
     if cache is None:
         return F.linear(h, mlp.gate.weight, mlp.gate.bias), F.linear(h, mlp.up.weight, mlp.up.bias)
     return project(h, cache, mlp, mlp.fused_gate_up).chunk(2, dim=-1)
@@ -128,5 +151,5 @@ class TransformerBlock(nn.Module):
             gate, up = gate_up(h, ctx.weight_cache, mlp)
             h = mlp.act(gate) * up
         else:
-            h = mlp.act(project(h, ctx.weight_cache, mlp.up, _plain(mlp.up)))
-        return x + self.resid_drop(project(h, ctx.weight_cache, mlp.down, _plain(mlp.down)))
+            h = mlp.act(linear(h, ctx.weight_cache, mlp.up))
+        return x + self.resid_drop(linear(h, ctx.weight_cache, mlp.down))

@@ -1,0 +1,73 @@
+"""Which device each model worker uses, and which torch.distributed backends connect them.
+
+One device per worker: with ``device=cuda`` worker ``i`` of a node takes GPU ``i`` (its local
+rank), so a model sharded over four workers runs on four GPUs. Fewer GPUs than workers is an
+error naming both counts, unless ``colocate=true`` lets workers share GPUs round-robin (two
+workers on one GPU: time-shared, the way a small experiment fits on one card). Under Ray every
+actor asks for its GPU (``num_gpus``) and sees only the one Ray gives it, as ``cuda:0``.
+
+NCCL moves CUDA tensors between processes that own distinct GPUs; gloo moves CPU tensors (the
+data-transfer path and the small control reductions) and every tensor when GPUs are shared, which
+NCCL does not allow.
+"""
+
+from __future__ import annotations
+
+GLOO = "gloo"
+GLOO_AND_NCCL = "cpu:gloo,cuda:nccl"
+
+
+class DeviceAssignmentError(ValueError):
+    """The workers cannot each get the device they need."""
+
+
+def is_cuda(device: str) -> bool:
+    return device == "cuda" or device.startswith("cuda:")
+
+
+def local_devices(device: str, n_workers: int, n_gpus: int, colocate: bool) -> list[str]:
+    """The device of each of ``n_workers`` workers on one node with ``n_gpus`` visible GPUs.
+
+    ``device`` is "cpu", "cuda" (one GPU each) or "cuda:<k>" (every worker on GPU k, shared).
+    """
+    if not is_cuda(device):
+        return [device] * n_workers
+    if n_gpus == 0:
+        raise DeviceAssignmentError(f"device={device}: no CUDA device is visible on this machine")
+    if device != "cuda":
+        index = int(device.split(":", 1)[1])
+        if index >= n_gpus:
+            raise DeviceAssignmentError(
+                f"device={device}: this machine has {n_gpus} GPU(s), cuda:0..{n_gpus - 1}"
+            )
+        return [device] * n_workers
+    if n_workers > n_gpus and not colocate:
+        raise DeviceAssignmentError(
+            f"device=cuda: the layouts use {n_workers} model workers but {n_gpus} GPU(s) are visible; "
+            "one GPU per worker needs fewer workers (allocation_mode) or more GPUs, or set colocate=true "
+            "to let workers share GPUs"
+        )
+    return [f"cuda:{i % n_gpus}" for i in range(n_workers)]
+
+
+def ray_gpus_per_worker(device: str, n_workers: int, cluster_gpus: float, colocate: bool) -> float:
+    """What each Ray actor asks for: one GPU, or an equal share of the cluster's when colocated."""
+    if not is_cuda(device):
+        return 0.0
+    if cluster_gpus <= 0:
+        raise DeviceAssignmentError(f"device={device}: the Ray cluster has no GPUs")
+    if n_workers <= cluster_gpus:
+        return 1.0
+    if not colocate:
+        raise DeviceAssignmentError(
+            f"device=cuda: the layouts use {n_workers} model workers but the Ray cluster has {cluster_gpus:g} "
+            "GPU(s); use fewer workers or a larger cluster, or set colocate=true to share GPUs"
+        )
+    return cluster_gpus / n_workers
+
+
+def dist_backend(devices: list[str]) -> str:
+    """NCCL for CUDA tensors only when no two workers share a GPU (same node: same name)."""
+    if all(is_cuda(d) for d in devices) and len(set(devices)) == len(devices):
+        return GLOO_AND_NCCL
+    return GLOO

@@ -1,0 +1,302 @@
+"""A per-device memory plan of an experiment: does this layout fit on these GPUs?
+
+Pure arithmetic on an ``ExperimentConfig`` and each role's ``ReaLModelConfig`` (nothing is built,
+no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in short:
+
+- weights: fp32 master weights in the train engine, the engine dtype in the inference engine
+  (``auto`` = bf16: the plan is for CUDA devices); gradients fp32; AdamW 2 x fp32 per parameter.
+- tp splits attention heads, the MLP and (when divisible) embedding / LM head; norms, row-parallel
+  biases and the critic head are replicated. pp divides the layers (the runtime refuses pp > 1).
+- ``engine.fsdp`` shards weights, gradients and optimizer state over dp; a call gathers one block
+  and the root unit (embedding, final norm, head), a generate call every unit (``parallel/fsdp.py``).
+- Resident between calls: weights + optimizer state (offloaded roles: nothing). Only during a
+  call: gradients (set to None after each step), the KV cache, activations (an estimate) and the
+  weights of an offloaded role. A worker runs one call at a time, so its peak is the sum of its
+  roles' resident bytes plus the largest call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from realrl.api.core.dfg import MFCDef, ModelInterfaceType
+from realrl.api.core.layout import Layout
+from realrl.api.core.model_api import ReaLModelConfig
+from realrl.api.core.system_api import ExperimentConfig, ModelSpec
+
+GiB = 1024**3
+GEN, INF, TRAIN = ModelInterfaceType.GENERATE, ModelInterfaceType.INFERENCE, ModelInterfaceType.TRAIN_STEP
+_DTYPE_BYTES = {"auto": 2, "bf16": 2, "fp16": 2, "fp32": 4}  # auto: bf16 on CUDA
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleMemory:
+    """Bytes one device holds for one rank of a role (every rank of a layout holds the same)."""
+
+    role: str
+    layout: Layout
+    workers: tuple[int, ...]
+    engine: str  # train | inference | null
+    offload: bool
+    params: int  # parameters per device, after tp / pp / fsdp sharding
+    weights: int
+    grads: int
+    optimizer: int
+    kv_cache: int  # largest generate call
+    fsdp_gather: int  # FSDP: the largest gathered (unsharded) weights of a call
+    activations: int  # estimate, largest call
+    calls: dict[str, int]  # MFC name -> bytes that exist only while that call runs
+
+    @property
+    def resident(self) -> int:
+        """What stays on the device between calls (an offloaded role lives in host memory)."""
+        return 0 if self.offload else self.weights + self.optimizer
+
+    @property
+    def peak(self) -> int:
+        return self.resident + max(self.calls.values(), default=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerMemory:
+    worker: int
+    roles: tuple[str, ...]
+    resident: int
+    peak: int
+    peak_call: str  # "role/mfc" of the largest call on this worker
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    roles: dict[str, RoleMemory]
+    workers: list[WorkerMemory]
+    shape: dict[str, int]  # n_seqs, n, prompt_len, new_tokens: what the estimates assume
+
+
+def _holder(tree: Any, key: str) -> Mapping:
+    """The first dict holding ``key`` in nested dicts and lists: interface args spell the generation
+    settings ``ppo.gen`` (PPO, GRPO) or ``gconfig`` (gen); {} if none."""
+    if isinstance(tree, Mapping) and key in tree:
+        return tree
+    values = tree.values() if isinstance(tree, Mapping) else tree if isinstance(tree, list | tuple) else ()
+    return next((h for v in values if (h := _holder(v, key))), {})
+
+
+def model_config(spec: ModelSpec, fallback: Mapping[str, Any] | None = None) -> ReaLModelConfig | None:
+    """A role's architecture from ``config=`` or ``path/config.json`` (``fallback`` fields when that
+    folder does not exist yet, e.g. a toy checkpoint not trained yet); None for a "null" model."""
+    if spec.model.type_ == "null":
+        return None
+    if spec.model.type_ != "real_model":
+        raise ValueError(f"cannot plan model type {spec.model.type_!r} (only 'real_model' and 'null')")
+    args = spec.model.args
+    cfg = args.get("config")
+    if cfg is None:
+        path = str(args.get("path"))
+        has_file = os.path.isfile(os.path.join(path, "config.json"))
+        cfg = fallback if fallback is not None and not has_file else _config_from_folder(path)
+    cfg = ReaLModelConfig(**cfg) if isinstance(cfg, Mapping) else cfg
+    return dataclasses.replace(cfg, is_critic=bool(args.get("is_critic", False)))
+
+
+def _config_from_folder(path: str) -> ReaLModelConfig:
+    """As ``hf_io.load_pretrained`` reads it (config.json only: no weights needed)."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"model path {path!r} has no config.json (a Hugging Face model folder is needed)")
+    import transformers
+
+    import realrl.api.from_hf  # noqa: F401  (registers the families)
+    from realrl.api.core.model_api import hf_family_for_model_type
+
+    hf = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    return hf_family_for_model_type(hf.model_type).config_from_hf(hf)
+
+
+def param_counts(cfg: ReaLModelConfig, tp: int, pp: int = 1) -> tuple[int, int]:
+    """(parameters per device, parameters of one layer) under tensor / pipeline parallelism."""
+    h, d, inter = cfg.hidden_dim, cfg.head_dim, cfg.intermediate_dim
+    for name, n in (
+        ("n_q_heads", cfg.n_q_heads),
+        ("n_kv_heads", cfg.n_kv_heads),
+        ("intermediate_dim", inter),
+    ):
+        if n % tp:
+            raise ValueError(f"{name} {n} is not divisible by tp {tp}")
+    q, kv, i = cfg.n_q_heads * d // tp, cfg.n_kv_heads * d // tp, inter // tp
+    norm = h * (2 if cfg.layer_norm_type == "layer" else 1)
+    attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * cfg.use_attention_bias + h * cfg.use_attn_proj_bias
+    n_mlp = 3 if cfg.mlp_type == "gated" else 2
+    mlp = n_mlp * h * i + ((n_mlp - 1) * i + h) * cfg.use_mlp_bias
+    layer = 2 * norm + attn + mlp + 2 * d * cfg.qk_layernorm
+    vocab = cfg.vocab_size // tp if cfg.vocab_size % tp == 0 else cfg.vocab_size
+    embed = vocab * h + cfg.n_positions * h * cfg.abs_position_embedding
+    head = h + 1 if cfg.is_critic else 0 if cfg.tied_embedding else vocab * h
+    return math.ceil(cfg.n_layers / pp) * layer + embed + norm + head, layer
+
+
+def _shape(exp: ExperimentConfig) -> dict[str, int]:
+    """Batch geometry the KV cache and activation estimates assume (every sequence at full length)."""
+    gen = _holder(
+        [m.interface_impl.args for m in exp.mfcs if m.interface_type is GEN],
+        "max_new_tokens",
+    )
+    data = exp.datasets[0].args if exp.datasets else {}
+    prompt = data.get("max_prompt_len") or data.get("max_length") or 1024
+    return {
+        "n_seqs": exp.batch_size,
+        "n": int(gen.get("n", 1)),
+        "prompt_len": int(prompt),
+        "new_tokens": int(gen.get("max_new_tokens", 0)),
+    }
+
+
+def _call_bytes(
+    mfc: MFCDef, cfg: ReaLModelConfig, layout: Layout, shape: dict[str, int], engine: str, econf: dict
+) -> tuple[int, int]:
+    """(KV cache, activation estimate) of one call on one device; see docs/memory_plan.md."""
+    b = _DTYPE_BYTES[econf.get("dtype", "auto")]
+    h, tp = cfg.hidden_dim, layout.tp
+    q, kv, i = (
+        cfg.n_q_heads * cfg.head_dim // tp,
+        cfg.n_kv_heads * cfg.head_dim // tp,
+        cfg.intermediate_dim // tp,
+    )
+    # what a layer keeps per token: fp32 residual read by both norms, low-precision projections
+    layer_tok = 8 * h + b * (2 * h + 2 * (q + 2 * kv) + 2 * q + (4 if cfg.mlp_type == "gated" else 2) * i)
+    logits_tok = 0 if cfg.is_critic else 8 * cfg.vocab_size  # fp32 logits (gathered over tp), log-softmax
+    layers = math.ceil(cfg.n_layers / layout.pp)
+    params, _ = param_counts(cfg, tp, layout.pp)
+    n_mbs = mfc.mb_spec.n_mbs
+    prompts = math.ceil(math.ceil(shape["n_seqs"] / layout.dp) / n_mbs)
+    seqs, seqlen = prompts * shape["n"], shape["prompt_len"] + shape["new_tokens"]
+    copy = b * params if engine == "train" and b < 4 else 0  # autocast's cached low-precision weights
+    if mfc.interface_type is GEN:
+        kv_cache = 2 * layers * (cfg.n_kv_heads // tp) * cfg.head_dim * b * seqs * seqlen
+        return kv_cache, prompts * shape["prompt_len"] * layer_tok + seqs * logits_tok + b * params
+    if mfc.interface_type is TRAIN:
+        minibatches = _holder(mfc.interface_impl.args, "ppo_n_minibatches").get("ppo_n_minibatches", 1)
+        seqs = math.ceil(seqs / int(minibatches))
+    tokens = seqs * seqlen
+    if mfc.mb_spec.max_tokens_per_mb:
+        tokens = min(tokens, max(mfc.mb_spec.max_tokens_per_mb, seqlen))
+    if mfc.interface_type is not TRAIN:
+        return 0, tokens * (layer_tok + logits_tok) + copy
+    stash = 4 * h * layers + layer_tok if econf.get("gradient_checkpointing") else layer_tok * layers
+    return 0, tokens * (stash + logits_tok) + copy
+
+
+def role_memory(exp: ExperimentConfig, role: str, cfg: ReaLModelConfig | None) -> RoleMemory:
+    """One device's bytes for ``role``; ValueError naming the role and layout if it cannot be split."""
+    spec, layout = exp.models[role], exp.layouts[role]
+    engine, econf = spec.backend.type_, dict(spec.backend.args.get("engine") or {})
+    if cfg is None or engine == "null":
+        return RoleMemory(role, layout, tuple(exp.allocations[role]), "null", spec.offload, *[0] * 7, {})
+    if spec.offload and engine == "train":
+        raise ValueError(f"model {role!r} is trained and offloaded: only frozen models may be offloaded")
+    try:
+        params, layer = param_counts(cfg, layout.tp, layout.pp)
+    except ValueError as e:
+        raise ValueError(f"model {role!r} cannot use layout {layout}: {e}") from None
+    fsdp = bool(econf.get("fsdp")) and layout.dp > 1
+    whole, params = params, math.ceil(params / layout.dp) if fsdp else params
+    wbytes = 4 if engine == "train" else _DTYPE_BYTES[econf.get("dtype", "auto")]
+    train = engine == "train"
+    weights, grads, optimizer = wbytes * params, 4 * params * train, 8 * params * train
+    root = whole - math.ceil(cfg.n_layers / layout.pp) * layer  # embedding, final norm, head
+    gathered = {
+        kind: wbytes * n * fsdp for kind, n in ((GEN, whole), (TRAIN, layer + root), (INF, layer + root))
+    }
+    shape, calls, kv_max, act_max, gather_max = _shape(exp), {}, 0, 0, 0
+    for mfc in (m for m in exp.mfcs if m.role == role):
+        kv, act = _call_bytes(mfc, cfg, layout, shape, engine, econf)
+        kv_max, act_max = max(kv_max, kv), max(act_max, act)
+        step_grads = grads if mfc.interface_type is TRAIN else 0
+        gather = gathered[mfc.interface_type]
+        calls[mfc.name] = kv + act + gather + step_grads + (weights if spec.offload else 0)
+        gather_max = max(gather_max, gather)
+    sizes = (weights, grads, optimizer, kv_max, gather_max, act_max)
+    return RoleMemory(role, layout, tuple(exp.allocations[role]), engine, spec.offload, params, *sizes, calls)
+
+
+def plan_memory(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | None]) -> MemoryPlan:
+    """Every role's and every worker's bytes: roles on one worker sum, its largest call on top."""
+    roles = {r: role_memory(exp, r, configs.get(r)) for r in sorted(exp.allocations)}
+    workers = []
+    for w in range(exp.n_model_workers):
+        here = [m for m in roles.values() if w in m.workers]
+        call, extra = max(
+            ((f"{m.role}/{c}", b) for m in here for c, b in m.calls.items()),
+            key=lambda x: x[1],
+            default=("-", 0),
+        )
+        resident = sum(m.resident for m in here)
+        workers.append(WorkerMemory(w, tuple(m.role for m in here), resident, resident + extra, call))
+    return MemoryPlan(roles, workers, _shape(exp))
+
+
+def model_configs(exp: ExperimentConfig, fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return {role: model_config(spec, fallback) for role, spec in exp.models.items()}
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def _groups(plan: MemoryPlan) -> Iterator[tuple[str, WorkerMemory]]:
+    """Workers with the same roles and bytes listed once ("0-7"): 64 identical lines say nothing."""
+    seen: dict[tuple, list[int]] = {}
+    for w in plan.workers:
+        seen.setdefault((w.roles, w.resident, w.peak, w.peak_call), []).append(w.worker)
+    for ws in seen.values():
+        contiguous = ws == list(range(ws[0], ws[-1] + 1)) and len(ws) > 1
+        yield (f"{ws[0]}-{ws[-1]}" if contiguous else ",".join(map(str, ws))), plan.workers[ws[0]]
+
+
+def format_plan(plan: MemoryPlan, device_memory_bytes: int | None = None) -> str:
+    """Two tables in GiB per device: the roles, then the workers' peaks."""
+    s = plan.shape
+    lines = [
+        f"batch: {s['n_seqs']} prompts x {s['n']} answers, {s['prompt_len']} prompt + "
+        f"{s['new_tokens']} new tokens; GiB per device (act = activation estimate)",
+        f"{'role':<8}{'layout':<9}{'engine':<10}{'params':>8}{'weights':>9}{'grads':>8}{'optim':>8}"
+        f"{'kv':>8}{'fsdp':>7}{'act':>8}{'peak':>8}  offload",
+    ]
+    for m in plan.roles.values():
+        cols = (m.weights, m.grads, m.optimizer, m.kv_cache, m.fsdp_gather, m.activations, m.peak)
+        widths = (9, 8, 8, 8, 7, 8, 8)
+        lines.append(
+            f"{m.role:<8}{str(m.layout):<9}{m.engine:<10}{_count(m.params):>8}"
+            + "".join(f"{gib(c):>{w}}" for c, w in zip(cols, widths))
+            + f"  {'yes' if m.offload else 'no'}"
+        )
+    lines.append(f"{'workers':<10}{'resident':>9}{'peak':>8}  {'roles':<24} peak during")
+    for ws, w in _groups(plan):
+        over = "  OVER" if device_memory_bytes is not None and w.peak > device_memory_bytes else ""
+        lines.append(
+            f"{ws:<10}{gib(w.resident):>9}{gib(w.peak):>8}  {','.join(w.roles):<24} {w.peak_call}{over}"
+        )
+    return "\n".join(lines)
+
+
+def check_fits(plan: MemoryPlan, device_memory_bytes: int) -> None:
+    """ValueError naming the fullest worker over ``device_memory_bytes``, its roles and layouts."""
+    over = [w for w in plan.workers if w.peak > device_memory_bytes]
+    if not over:
+        return
+    w = max(over, key=lambda x: x.peak)
+    roles = ", ".join(
+        f"{r} {plan.roles[r].layout} {gib(plan.roles[r].resident)} GiB resident" for r in w.roles
+    )
+    others = f" ({len(over) - 1} more workers over)" if len(over) > 1 else ""
+    raise ValueError(
+        f"worker {w.worker} needs {gib(w.peak)} GiB ({w.peak} bytes) > {gib(device_memory_bytes)} GiB "
+        f"({device_memory_bytes} bytes) at its peak during {w.peak_call}: {roles}{others}"
+    )

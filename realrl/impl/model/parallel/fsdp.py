@@ -1,0 +1,58 @@
+"""Sharded training with FSDP2: each transformer block is one unit (its parameters are gathered
+for its forward and backward and freed after), the embedding, final norm and head another.
+
+Composed with tensor parallelism on the ("dp", "tp") mesh: FSDP shards over "dp" the DTensors
+the tensor-parallel plan made over "tp".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
+    """Shard ``model`` (on its device, whole on every rank) over ``dp_mesh`` in place.
+
+    FSDP2 settles which unit is the root at the first forward it sees; generation calls the blocks
+    without the root's forward, so one token goes through the whole model here (a collective).
+    """
+    for layer in model.layers:
+        fully_shard(layer, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model(
+            torch.zeros(1, dtype=torch.long, device=device),
+            torch.tensor([0, 1], dtype=torch.int32, device=device),
+        )
+
+
+def sum_gradients(model: nn.Module) -> None:
+    """Reduce-scatter gradients as a sum over the dp ranks, not FSDP's default mean: the train
+    engine scales each rank's loss by the global loss weight, so the sum is the batch gradient."""
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no pre-scaled sum
+
+
+@contextlib.contextmanager
+def gathered(model: nn.Module) -> Iterator[None]:
+    """Every FSDP unit's parameters whole for the duration (generation: a decoding step runs every
+    block once per token, and the loop reads the embedding and head outside ``forward``)."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_reshard_after_forward(True)
+            unit.reshard()

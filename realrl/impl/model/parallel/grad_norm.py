@@ -1,0 +1,50 @@
+"""Global gradient-norm clipping over sharded and whole gradients.
+
+A DTensor gradient's squares are summed locally and then over each mesh dimension it is sharded
+on; a replicated one (or a plain tensor, whole on every rank) is counted once. Every rank of the
+model runs the same reductions in the same order, so the norm is the same everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+from realrl.impl.model.parallel.dtensor import is_dtensor, local
+
+
+def total_norm(grads: Iterable[torch.Tensor]) -> float:
+    sums: dict[tuple, torch.Tensor] = {}
+    groups: dict[tuple, list[dist.ProcessGroup]] = {}
+    for g in grads:
+        if is_dtensor(g):
+            dims = tuple(i for i, p in enumerate(g.placements) if not p.is_replicate())  # strided too
+            key = (id(g.device_mesh), dims)
+            groups.setdefault(key, [g.device_mesh.get_group(d) for d in dims])
+        else:
+            key = ()
+            groups.setdefault(key, [])
+        sq = local(g).detach().float().pow(2).sum()
+        sums[key] = sums[key] + sq if key in sums else sq
+    total = 0.0
+    for key, s in sums.items():
+        s = s.to(torch.float64)
+        for group in groups[key]:
+            s = s.to("cuda") if dist.get_backend(group) == "nccl" else s.cpu()
+            dist.all_reduce(s, group=group)
+        total += float(s)
+    return math.sqrt(total)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Scale the gradients so their global norm is at most ``max_norm``; return the norm before."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = total_norm(grads)
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0 and math.isfinite(norm):
+        with torch.no_grad():
+            torch._foreach_mul_([local(g) for g in grads], coef)
+    return norm

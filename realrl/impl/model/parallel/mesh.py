@@ -1,0 +1,86 @@
+"""A model's device mesh on this worker, and the process groups the engines use.
+
+Every worker builds the mesh of every model in the same order (creating a process group is a
+collective over all workers), and keeps the ones it belongs to. The mesh is 2-D, ``("dp",
+"tp")``; the ranks of a layout map to workers as ``Placement`` says (tp fastest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from realrl.api.core.layout import Layout, Placement
+
+
+@dataclasses.dataclass
+class ParallelContext:
+    """What one rank of a parallel model needs to know about its layout.
+
+    ``mesh`` is None for a model on one worker; ``dp_group`` / ``tp_group`` are None when that
+    size is 1; ``model_group`` holds every rank of the model (checkpoints are collective over it).
+    ``fsdp``: parameters, gradients and optimizer state are sharded over the dp ranks.
+    """
+
+    layout: Layout
+    mesh: DeviceMesh | None
+    model_group: dist.ProcessGroup | None
+    fsdp: bool = False
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        return None if self.mesh is None or self.layout.dp == 1 else self.mesh.get_group("dp")
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup | None:
+        return None if self.mesh is None or self.layout.tp == 1 else self.mesh.get_group("tp")
+
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        return self.mesh["dp"]
+
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        return self.mesh["tp"]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether parameters are DTensors (tensor parallel or FSDP): checkpoints gather them."""
+        return self.layout.tp > 1 or (self.fsdp and self.layout.dp > 1)
+
+    @property
+    def model_rank(self) -> int:
+        return 0 if self.model_group is None else dist.get_rank(self.model_group)
+
+    @property
+    def is_writer(self) -> bool:
+        """The one rank that writes the files of a checkpoint."""
+        return self.model_rank == 0
+
+
+def build_contexts(placements: dict[str, Placement], me: int, device_type: str) -> dict[str, ParallelContext]:
+    """The ``ParallelContext`` of every model this worker (``me``) holds a rank of.
+
+    Collective over every worker: each calls it with the same ``placements`` (creating a process
+    group is), so all create the same groups in the same order.
+    """
+    out = {}
+    for role, placement in sorted(placements.items()):
+        lay = placement.layout
+        if lay.pp != 1:
+            raise ValueError(
+                f"model {role!r}: layout {lay} asks for pipeline parallelism, which realrl does not do"
+            )
+        if lay.world_size == 1:
+            if me in placement.workers:
+                out[role] = ParallelContext(lay, None, None)
+            continue
+        group = dist.new_group(sorted(placement.workers))
+        grid = torch.tensor(placement.workers, dtype=torch.long).view(lay.dp, lay.tp)
+        mesh = DeviceMesh(device_type, grid, mesh_dim_names=("dp", "tp"))
+        if me in placement.workers:
+            out[role] = ParallelContext(lay, mesh, group)
+    return out

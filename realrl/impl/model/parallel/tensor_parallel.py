@@ -1,0 +1,83 @@
+"""Tensor parallelism of ReaLModel with DTensor (Megatron-LM's split, torch's parallel styles).
+
+Per block, the query/key/value projections and the MLP's gate/up projections are column-wise
+(each rank computes its own heads and its slice of the inner dimension, no communication); the
+attention output and the MLP's down projection are row-wise (one all-reduce each). The token
+embedding is split over the vocabulary (row-wise, an all-reduce) and the LM head column-wise
+with its logits gathered, when the vocabulary divides evenly; norms, learned positions and a
+critic's scalar head stay whole on every rank. The same plan serves every family (llama, qwen2,
+qwen3, mistral, gpt2): they differ in biases, norms and MLP kind, not in what splits.
+
+Activations between blocks are whole on every rank (no sequence parallelism): packed,
+variable-length batches then need no change anywhere else, and the KV cache of generation holds
+each rank's own KV heads.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from realrl.api.core.model_api import ReaLModelConfig
+
+
+def check_tensor_parallel(cfg: ReaLModelConfig, tp: int, where: str) -> None:
+    """A named error when ``tp`` cannot split this architecture."""
+    if tp == 1:
+        return
+    for what, n in (
+        ("query heads (n_q_heads)", cfg.n_q_heads),
+        ("key/value heads (n_kv_heads)", cfg.n_kv_heads),
+        ("MLP inner size (intermediate_dim)", cfg.intermediate_dim),
+    ):
+        if n % tp:
+            raise ValueError(
+                f"{where}: tensor-parallel size m{tp} does not divide the model's {n} {what}; "
+                f"choose m among {[d for d in range(1, n + 1) if n % d == 0 and d <= 64]}"
+            )
+
+
+def splits_vocab(cfg: ReaLModelConfig, tp: int) -> bool:
+    return cfg.vocab_size % tp == 0
+
+
+def plan_for(cfg: ReaLModelConfig, tp: int) -> dict[str, ParallelStyle]:
+    """Module name -> parallel style."""
+    plan: dict[str, ParallelStyle] = {}
+    if splits_vocab(cfg, tp):
+        plan["embed.wte"] = RowwiseParallel(input_layouts=Replicate())
+        if not cfg.is_critic:
+            plan["head"] = ColwiseParallel(output_layouts=Replicate())
+    for i in range(cfg.n_layers):
+        block = f"layers.{i}"
+        for name in ("q", "k", "v"):
+            plan[f"{block}.attn.{name}"] = ColwiseParallel()
+        plan[f"{block}.attn.o"] = RowwiseParallel()
+        if cfg.mlp_type == "gated":
+            plan[f"{block}.mlp.gate"] = ColwiseParallel()
+        plan[f"{block}.mlp.up"] = ColwiseParallel()
+        plan[f"{block}.mlp.down"] = RowwiseParallel()
+    return plan
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard ``model`` (a ReaLModel, whole and identical on every rank) over ``tp_mesh`` in place.
+
+    Each rank keeps its slice of the weights it already holds (no communication). The attention
+    modules are told how many heads are theirs.
+    """
+    cfg: ReaLModelConfig = model.config
+    tp = tp_mesh.size()
+    check_tensor_parallel(cfg, tp, "tensor parallelism")
+    parallelize_module(model, tp_mesh, plan_for(cfg, tp), src_data_rank=None)
+    for layer in model.layers:
+        layer.attn.n_q, layer.attn.n_kv = cfg.n_q_heads // tp, cfg.n_kv_heads // tp
+    if cfg.tied_embedding and not cfg.is_critic:
+        model.head.weight = model.embed.wte.weight  # both split the vocabulary the same way

@@ -1,0 +1,211 @@
+"""The memory plan's arithmetic, by hand, on a tiny model; and the ``realrl.apps.plan`` command."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from realrl.api.core.config import (
+    DatasetAbstraction,
+    ModelAbstraction,
+    ModelBackendAbstraction,
+    ModelInterfaceAbstraction,
+)
+from realrl.api.core.dfg import MFCDef
+from realrl.api.core.layout import Layout
+from realrl.api.core.model_api import ReaLModelConfig
+from realrl.api.core.system_api import ExperimentConfig, ModelSpec
+from realrl.api.quickstart.memory_plan import (
+    check_fits,
+    format_plan,
+    model_config,
+    model_configs,
+    param_counts,
+    plan_memory,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# hidden 8, 4 q heads / 2 kv heads of dim 2, gated MLP 16, vocab 32, 2 layers, RMS norms, no biases
+TINY = dict(n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=8, intermediate_dim=16, vocab_size=32)
+# one layer: 2 norms 2*8 + q,k,v 8*(8+4+4) + o 8*8 + gate,up,down 3*8*16 = 16 + 128 + 64 + 384
+LAYER = 592
+PARAMS = 2 * LAYER + 32 * 8 + 8 + 32 * 8  # layers + embedding + final norm + LM head = 1704
+# tp=2: q,k,v 8*(4+2+2) + o 4*8 + mlp 3*8*8, norms whole; embedding and head split (32 % 2 == 0)
+PARAMS_TP2 = 2 * (16 + 64 + 32 + 192) + 16 * 8 + 8 + 16 * 8  # 872
+N_SEQS, N, PROMPT, NEW = 4, 2, 5, 3
+
+
+def spec(engine="train", dtype="bf16", fsdp=False, critic=False, offload=False, cfg=TINY) -> ModelSpec:
+    model = ModelAbstraction("real_model", {"config": dict(cfg), "is_critic": critic})
+    args = {"engine": {"dtype": dtype, "fsdp": fsdp}}
+    if engine == "train":
+        args["optimizer"] = {}
+    return ModelSpec(model, ModelBackendAbstraction(engine, args), offload=offload)
+
+
+def exp(models: dict, layouts: dict, allocations: dict | None = None) -> ExperimentConfig:
+    """actor generates and trains; every other role runs one inference call."""
+    iface = ModelInterfaceAbstraction(
+        "x", {"ppo": {"gen": {"n": N, "max_new_tokens": NEW}, "ppo_n_minibatches": 1}}
+    )
+
+    def call(name, role, kind, inputs, outputs=()):
+        return MFCDef(name, role, kind, iface, N_SEQS, inputs, outputs)
+
+    mfcs = [call("actor_gen", "actor", "generate", ("packed_prompts",), ("packed_input_ids",))]
+    mfcs += [
+        call(f"{r}_inf", r, "inference", ("packed_input_ids",), (f"{r}_out",)) for r in models if r != "actor"
+    ]
+    mfcs.append(call("actor_train", "actor", "train_step", ("packed_input_ids",)))
+    layouts = {r: Layout.parse(text) for r, text in layouts.items()}
+    allocations = allocations or {r: list(range(lay.world_size)) for r, lay in layouts.items()}
+    data = DatasetAbstraction("prompt", {"dataset_path": "x.jsonl", "max_prompt_len": PROMPT})
+    return ExperimentConfig("plan", "test", mfcs, models, allocations, [data], layouts=layouts)
+
+
+def plan(models, layouts, allocations=None):
+    e = exp(models, layouts, allocations)
+    return plan_memory(e, model_configs(e))
+
+
+def test_param_counts_by_hand():
+    cfg = ReaLModelConfig(**TINY)
+    assert param_counts(cfg, 1) == (PARAMS, LAYER)
+    assert param_counts(cfg, 2) == (PARAMS_TP2, 304)
+    critic = ReaLModelConfig(**TINY, is_critic=True)  # the head is hidden + 1 (weight and bias)
+    assert param_counts(critic, 1)[0] == PARAMS - 32 * 8 + 9
+    assert param_counts(ReaLModelConfig(**TINY, tied_embedding=True), 1)[0] == PARAMS - 32 * 8
+    with pytest.raises(ValueError, match="n_kv_heads 2 is not divisible by tp 4"):
+        param_counts(cfg, 4)
+
+
+@pytest.mark.parametrize(
+    "layout, fsdp, params",
+    [
+        ("d1m1p1", False, PARAMS),
+        ("d1m2p1", False, PARAMS_TP2),
+        ("d2m1p1", False, PARAMS),  # plain data parallelism replicates everything
+        ("d2m1p1", True, PARAMS // 2),  # FSDP shards over dp
+        ("d1m1p1", True, PARAMS),  # ... and has nothing to shard over with dp=1
+    ],
+)
+def test_train_state_per_device(layout, fsdp, params):
+    actor = plan({"actor": spec(fsdp=fsdp)}, {"actor": layout}).roles["actor"]
+    assert actor.params == params
+    # fp32 master weights whatever the compute dtype, fp32 grads, AdamW: two fp32 tensors
+    assert (actor.weights, actor.grads, actor.optimizer) == (4 * params, 4 * params, 8 * params)
+    assert actor.resident == 12 * params
+
+
+def test_fsdp_gathers_one_block_and_the_root_unit_and_everything_to_generate():
+    sharded = plan({"actor": spec(fsdp=True)}, {"actor": "d2m1p1"}).roles["actor"]
+    plain = plan({"actor": spec(fsdp=False)}, {"actor": "d2m1p1"}).roles["actor"]
+    root = 32 * 8 + 8 + 32 * 8  # embedding, final norm, head
+    # train: one fp32 block + the root unit gathered; gradients sharded (852 instead of 1704 params)
+    assert sharded.calls["actor_train"] - plain.calls["actor_train"] == 4 * (LAYER + root) + 4 * (
+        852 - PARAMS
+    )
+    # generate: every unit gathered (``parallel/fsdp.py::gathered``)
+    assert sharded.calls["actor_gen"] - plain.calls["actor_gen"] == 4 * PARAMS == sharded.fsdp_gather
+    assert plain.fsdp_gather == 0
+
+
+@pytest.mark.parametrize(
+    "layout, kv",
+    [
+        # 2 (k, v) x 2 layers x 2 kv heads x dim 2 x 2 bytes (bf16) x 4*2 sequences x (5 + 3) tokens
+        ("d1m1p1", 2 * 2 * 2 * 2 * 2 * 8 * 8),
+        ("d1m2p1", 2 * 2 * 1 * 2 * 2 * 8 * 8),  # tp halves the kv heads
+        ("d2m1p1", 2 * 2 * 2 * 2 * 2 * 4 * 8),  # dp halves the sequences
+    ],
+)
+def test_kv_cache(layout, kv):
+    assert plan({"actor": spec()}, {"actor": layout}).roles["actor"].kv_cache == kv
+
+
+def test_inference_weights_in_engine_dtype_and_activation_estimate():
+    models = {"actor": spec(), "ref": spec("inference"), "reward": spec("inference", "fp32", critic=True)}
+    p = plan(models, {r: "d1m1p1" for r in models})
+    assert (p.roles["ref"].weights, p.roles["ref"].grads, p.roles["ref"].optimizer) == (2 * PARAMS, 0, 0)
+    assert p.roles["reward"].weights == 4 * (PARAMS - 32 * 8 + 9)
+    # ref_inf: 8 sequences x 8 tokens; per token 8*8 (fp32 residual at both norms) + 2 bytes x
+    # (2*8 norm out + 2*(8+4+4) qkv + 2*8 attention + 4*16 gated MLP) per layer, 8*32 fp32 logits
+    assert p.roles["ref"].calls == {"ref_inf": 64 * (64 + 2 * (16 + 32 + 16 + 64) + 8 * 32)}
+
+
+def test_colocated_roles_sum_and_offloaded_count_once():
+    big = dict(TINY, hidden_dim=256, intermediate_dim=1024)  # frozen models whose weights dominate a call
+    models = {
+        "actor": spec(),
+        "ref": spec("inference", offload=True, cfg=big),
+        "reward": spec("inference", critic=True, offload=True, cfg=big),
+        "critic": spec("inference", critic=True),
+    }
+    p = plan(models, {r: "d1m1p1" for r in models})
+    (w,) = p.workers
+    assert w.roles == ("actor", "critic", "ref", "reward")
+    actor, critic, ref, reward = (p.roles[r] for r in w.roles)
+    assert w.resident == 12 * PARAMS + critic.weights  # non-offloaded roles sum: actor's fp32 state, critic's
+    assert ref.resident == reward.resident == 0  # offloaded: in host memory between calls
+    assert ref.calls == {"ref_inf": ref.weights + ref.activations}  # ... and on the device for their call
+    calls = {f"{m.role}/{c}": b for m in (actor, critic, ref, reward) for c, b in m.calls.items()}
+    assert max(calls, key=calls.get) == w.peak_call == "ref/ref_inf"
+    assert w.peak == w.resident + ref.weights + ref.activations  # the largest offloaded one, once
+    assert w.peak < w.resident + ref.weights + reward.weights
+    # roles on different workers do not add up
+    apart = plan(
+        models, {r: "d1m1p1" for r in models}, {"actor": [0], "critic": [1], "ref": [0], "reward": [1]}
+    )
+    assert [x.resident for x in apart.workers] == [12 * PARAMS, critic.weights]
+    assert [x.peak_call for x in apart.workers] == ["ref/ref_inf", "reward/reward_inf"]
+
+
+def test_check_fits_names_the_worker_roles_layouts_and_bytes():
+    p = plan({"actor": spec(), "ref": spec("inference")}, {"actor": "d1m2p1", "ref": "d2m1p1"})
+    peak = p.workers[0].peak
+    check_fits(p, peak)
+    with pytest.raises(ValueError) as err:
+        check_fits(p, peak - 1)
+    msg = str(err.value)
+    assert msg.startswith(f"worker 0 needs {peak / 1024**3:.2f} GiB ({peak} bytes)")
+    assert "actor d1m2p1" in msg and "ref d2m1p1" in msg and f"({peak - 1} bytes)" in msg
+    assert "OVER" in format_plan(p, peak - 1) and "OVER" not in format_plan(p, peak)
+
+
+def test_offloading_a_trained_model_is_refused():
+    with pytest.raises(ValueError, match="'actor' is trained and offloaded"):
+        plan({"actor": spec(offload=True)}, {"actor": "d1m1p1"})
+
+
+@pytest.mark.parametrize("name, params", [("llama-2-7b", 6_738_415_616), ("llama-2-70b", 68_976_648_192)])
+def test_llama_2_config_folders(name, params):
+    """The example folders hold the public configs: the published parameter counts come out."""
+    s = ModelSpec(ModelAbstraction("real_model", {"path": os.path.join(REPO, "examples", "configs", name)}))
+    assert param_counts(model_config(s), 1)[0] == params
+
+
+def run_plan(tmp_path, *args):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    cmd = [sys.executable, "-m", "realrl.apps.plan", *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_command_refuses_with_one_line_and_exit_2(tmp_path):
+    out = run_plan(tmp_path, "ppo", "device_memory_gb=0.00001")  # the toy task; 10 kB per device
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: worker 0 needs "), out.stderr
+    assert "actor d1m1p1" in lines[0] and "bytes" in lines[0] and "Traceback" not in out.stderr
+    assert "actor_gen" in out.stdout or "actor" in out.stdout  # the plan is printed first
+    assert os.listdir(tmp_path) == []  # the toy task's files are not written
+
+
+def test_command_checks_workers_against_n_devices(tmp_path):
+    out = run_plan(tmp_path, "ppo", "allocation_mode=d1m2p1", "n_devices=1")
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "error: the layouts (actor:d1m2p1@0, critic:d1m2p1@0, ref:d1m2p1@0, reward:d1m2p1@0) "
+        "need 2 workers > n_devices=1"
+    )
