@@ -19,7 +19,9 @@ import sys
 from collections.abc import Callable
 
 from realrl.api.core import devices
+from realrl.api.core.layout_fit import check_layouts
 from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
+from realrl.api.quickstart.memory_plan import model_config
 from realrl.base import logging, network
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.system import names
@@ -63,6 +65,7 @@ def run_experiment(
     ``warm_next``: start as many again for a run that follows."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_layouts(config.layouts, _split_models(config))
     os.makedirs(config.log_dir, exist_ok=True)
     secret = secrets.token_bytes(32)
     if mode == "local":
@@ -108,6 +111,16 @@ def run_experiment(
         record.clear_subtree(run_root)
         logging.getLogger("realrl").removeHandler(log_handler)
         log_handler.close()
+
+
+def _split_models(config: ExperimentConfig) -> dict:
+    """The architecture of every ReaLModel role that tensor parallelism splits (read from its
+    config or its checkpoint's config.json, no weights)."""
+    return {
+        role: model_config(config.models[role])
+        for role, layout in config.layouts.items()
+        if layout.tp > 1 and config.models[role].model.type_ == "real_model"
+    }
 
 
 def _devices(config: ExperimentConfig, mode: str) -> tuple[list[str], str, float]:

@@ -13,6 +13,7 @@ import dataclasses
 import re
 import sys
 
+from realrl.api.core.layout import Layout
 from realrl.api.quickstart.entrypoint import get_quickstart_exp, quickstart_experiments
 from realrl.base import logging
 from realrl.system.standby import StandbyWorkers
@@ -69,11 +70,13 @@ def _fmt(value) -> str:
 
 
 def build_config(name: str, overrides: list[str]):
-    """The experiment's config object from ``overrides`` (what hydra does, without a CLI)."""
+    """The experiment's config object from ``overrides`` (what hydra does, without a CLI; hydra's
+    ``+key=value``, which adds a key to a dict option such as ``manual``, is taken too)."""
     from omegaconf import OmegaConf
 
     _register_everything()
     cls = get_quickstart_exp(name)
+    overrides = [o[1:] if o.startswith("+") else o for o in overrides]
     expanded, overrides = preset_overrides(overrides)
     dotlist = [f"experiment_name={name}"] + toy_overrides(cls, overrides) + expanded + list(overrides)
     cfg = OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.from_dotlist(dotlist))
@@ -111,7 +114,7 @@ def usage() -> str:
 def standby_count(argv: list[str]) -> int:
     """How many standby worker processes to start before anything else (``realrl.system.standby``):
     only the raw arguments are known then. ``standby_workers=N`` decides; otherwise a local run
-    gets one per worker of a ``d<N>`` allocation (one for other layouts), a Ray run or a command
+    gets one per worker its ``allocation_mode`` uses (one for ``manual``), a Ray run or a command
     that runs nothing (help, ``--cfg``) none."""
     if not argv or argv[0] in ("-h", "--help", "help") or any(a.startswith("-") for a in argv[1:]):
         return 0
@@ -121,8 +124,19 @@ def standby_count(argv: list[str]) -> int:
         return int(asked)
     if values.get("mode", "local") != "local":
         return 0
-    m = re.fullmatch(r"d(\d+)(m1p1)?", values.get("allocation_mode", "d1").strip())
-    return int(m.group(1)) if m else 1
+    return _workers_used(values.get("allocation_mode", "d1").strip().strip("\"'"))
+
+
+def _workers_used(allocation_mode: str) -> int:
+    """Workers a layout string places models on (``first + dp*tp*pp`` at most); 1 if unparsable."""
+    try:
+        n = 1
+        for part in allocation_mode.split(","):
+            layout, _, first = part.rpartition(":")[2].partition("@")
+            n = max(n, int(first or 0) + Layout.parse(layout).world_size)
+        return n
+    except ValueError:
+        return 1
 
 
 def main(argv: list[str] | None = None) -> None:

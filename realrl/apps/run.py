@@ -74,6 +74,8 @@ def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
     out = [f"fileroot={cfg.fileroot}", f"seed={cfg.seed}", f"mode={cfg.mode}", f"device={cfg.device}"]
     if cfg.torch_threads:
         out.append(f"torch_threads={cfg.torch_threads}")
+    if cfg.colocate:
+        out.append("colocate=true")
     if not cfg.retain_freed_memory:
         out.append("retain_freed_memory=false")
     if cfg.ray_address:

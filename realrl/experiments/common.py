@@ -29,6 +29,7 @@ class ModelTrainEvalConfig:
     n_mbs: int = 1  # at least this many micro-batches per call
     max_tokens_per_mb: int | None = None  # token budget of one micro-batch
     attn_impl: str = "auto"  # auto | flash_attn | torch_varlen | sdpa
+    offload: bool = False  # a frozen model (ref, reward): host memory between its calls
 
     def __post_init__(self) -> None:
         MicroBatchSpec(self.n_mbs, self.max_tokens_per_mb)  # validates
@@ -57,13 +58,19 @@ class ModelTrainEvalConfig:
             raise ValueError("a model needs path=<local HF checkpoint folder> (no default model here)")
         return ModelAbstraction("real_model", args)
 
-    def backend(self, trainable: bool) -> ModelBackendAbstraction:
+    def backend(self, trainable: bool, key: str = "model") -> ModelBackendAbstraction:
+        """``key``: the role's config group, for messages."""
         engine = dataclasses.asdict(self.engine)
         if trainable:
+            if self.offload:
+                raise ValueError(
+                    f"{key}.offload=true: only frozen models (ref, reward) are offloaded; a trained model's "
+                    f"weights and optimizer stay on its device (shard them with {key}.engine.fsdp=true)"
+                )
             return ModelBackendAbstraction(
                 "train", {"optimizer": dataclasses.asdict(self.optimizer), "engine": engine}
             )
-        return ModelBackendAbstraction("inference", {"engine": engine})
+        return ModelBackendAbstraction("inference", {"engine": engine, "offload": self.offload})
 
 
 def mfc(

@@ -164,14 +164,14 @@ class PPOConfig(CommonExperimentConfig):
         ref = dataclasses.replace(self.ref, path=ref_path)
         critic = dataclasses.replace(self.critic, path=critic_path)
         models = {
-            "actor": ModelSpec(actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True)),
+            "actor": ModelSpec(actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True, key="actor")),
             "ref": ModelSpec(ref.model(False, tokenizer_path=tokenizer), ref.backend(trainable=False)),
             "reward": reward_spec,
         }
         if self.uses_critic:
             models["critic"] = ModelSpec(
                 critic.model(True, tokenizer_path=tokenizer, critic_head_init=self.critic_head_init),
-                critic.backend(trainable=True),
+                critic.backend(trainable=True, key="critic"),
             )
         mb_specs = {
             "actor_gen": self.actor.mb_spec(),

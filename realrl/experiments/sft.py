@@ -45,7 +45,7 @@ class SFTConfig(CommonExperimentConfig):
         tokenizer = tokenizer or self.model.path
         model = ModelSpec(
             self.model.model(is_critic=False, default_config=default_model, tokenizer_path=tokenizer),
-            self.model.backend(trainable=True),
+            self.model.backend(trainable=True, key="model"),
         )
         train = mfc(
             "trainDefault",

@@ -39,10 +39,10 @@ N_SEQS, N, PROMPT, NEW = 4, 2, 5, 3
 
 def spec(engine="train", dtype="bf16", fsdp=False, critic=False, offload=False, cfg=TINY) -> ModelSpec:
     model = ModelAbstraction("real_model", {"config": dict(cfg), "is_critic": critic})
-    args = {"engine": {"dtype": dtype, "fsdp": fsdp}}
+    args = {"engine": {"dtype": dtype, "fsdp": fsdp}, "offload": offload}
     if engine == "train":
         args["optimizer"] = {}
-    return ModelSpec(model, ModelBackendAbstraction(engine, args), offload=offload)
+    return ModelSpec(model, ModelBackendAbstraction(engine, args))
 
 
 def exp(models: dict, layouts: dict, allocations: dict | None = None) -> ExperimentConfig:
@@ -77,7 +77,7 @@ def test_param_counts_by_hand():
     critic = ReaLModelConfig(**TINY, is_critic=True)  # the head is hidden + 1 (weight and bias)
     assert param_counts(critic, 1)[0] == PARAMS - 32 * 8 + 9
     assert param_counts(ReaLModelConfig(**TINY, tied_embedding=True), 1)[0] == PARAMS - 32 * 8
-    with pytest.raises(ValueError, match="n_kv_heads 2 is not divisible by tp 4"):
+    with pytest.raises(ValueError, match=r"m4 does not divide the model.s 2 key/value heads"):
         param_counts(cfg, 4)
 
 

@@ -111,6 +111,34 @@ def test_allocation_mode_reaches_the_experiment(tmp_path):
     cfg = build_config("ppo", [f"fileroot={tmp_path}", "allocation_mode=actor:d2,*:d1@1"])
     exp = cfg.initial_setup()
     assert exp.allocations["actor"] == [0, 1] and exp.allocations["critic"] == [1]
+    cfg = build_config("ppo", [f"fileroot={tmp_path}", 'allocation_mode="actor:d1m2p1,*:d2m1p1@1"'])
+    exp = cfg.initial_setup()
+    assert exp.n_model_workers == 3 and exp.data_workers() == [0]
+    assert str(exp.layouts["actor"]) == "d1m2p1" and exp.allocations["critic"] == [1, 2]
+
+
+def test_manual_layouts_from_the_command_line(tmp_path):
+    cfg = build_config(
+        "ppo",
+        [
+            f"fileroot={tmp_path}",
+            "allocation_mode=manual",
+            "+manual.actor=[0,1]",  # as on the command line: hydra adds dict keys with '+'
+            "+manual.critic=[1]",
+            "+manual.ref=[0]",
+            "+manual.reward=[1]",
+            "+manual_layouts.actor=d1m2p1",
+        ],
+    )
+    exp = cfg.initial_setup()
+    assert str(exp.layouts["actor"]) == "d1m2p1" and exp.allocations["actor"] == [0, 1]
+    assert str(exp.layouts["critic"]) == "d1m1p1" and exp.allocations["reward"] == [1]
+
+
+def test_pipeline_parallel_layouts_are_refused_by_name(tmp_path):
+    cfg = build_config("ppo", [f"fileroot={tmp_path}", "allocation_mode=d1m1p2"])
+    with pytest.raises(ValueError, match=r"model 'actor': layout d1m1p2 asks for pipeline parallelism"):
+        cfg.initial_setup()
 
 
 @pytest.mark.parametrize(
@@ -118,7 +146,10 @@ def test_allocation_mode_reaches_the_experiment(tmp_path):
     [
         (["ppo"], 1),
         (["ppo", "allocation_mode=d2"], 2),
-        (["ppo", "allocation_mode=actor:d2,critic:d1@1"], 1),
+        (["ppo", "allocation_mode=actor:d2,critic:d1@1"], 2),
+        (["ppo", 'allocation_mode="actor:d1m2p1,critic:d2m2p1@2,*:d1"'], 6),
+        (["ppo", "allocation_mode=d2m2p1"], 4),
+        (["ppo", "allocation_mode=manual"], 1),
         (["ppo", "allocation_mode=d2", "standby_workers=0"], 0),
         (["ppo", "standby_workers=3"], 3),
         (["ppo", "standby_workers=null"], 1),

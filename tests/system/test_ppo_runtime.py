@@ -8,10 +8,12 @@ import math
 import os
 
 import pytest
+import torch
 from system_graphs import alive, deterministic, wait_all_exited, worker_pids
 
 from realrl.api.core.config import DatasetAbstraction, ModelAbstraction, ModelBackendAbstraction
 from realrl.api.core.config import ModelInterfaceAbstraction as Impl
+from realrl.api.core.layout import Layout
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec, Timeouts
 from realrl.apps.main import run_experiment
 
@@ -54,13 +56,26 @@ def ppo_files(tmp_path_factory):
     return str(folder / "tokenizer"), str(prompts)
 
 
-def ppo_config(fileroot, trial: str, tokenizer: str, prompts: str) -> ExperimentConfig:
+# the actor is data parallel over both workers; the other roles share them
+TWO_WORKERS = {"actor": [0, 1], "ref": [0], "critic": [1], "reward": [0]}
+
+
+def ppo_config(
+    fileroot,
+    trial: str,
+    tokenizer: str,
+    prompts: str,
+    allocations: dict | None = None,
+    layouts: dict | None = None,
+    fsdp: bool = False,
+    **extra,
+) -> ExperimentConfig:
     def real(critic: bool) -> ModelAbstraction:
         return ModelAbstraction(
             "real_model", {"config": TINY, "is_critic": critic, "tokenizer_path": tokenizer}
         )
 
-    train = ModelBackendAbstraction("train", {"optimizer": {"lr": 1e-3}})
+    train = ModelBackendAbstraction("train", {"optimizer": {"lr": 1e-3}, "engine": {"fsdp": fsdp}})
     infer = ModelBackendAbstraction("inference")
     mfcs = ppo_module.ppo_mfcs(
         4, Impl("ppo_actor", {"ppo": PPO}), Impl("ppo_critic", {"ppo": PPO}), Impl("paired_rw")
@@ -75,14 +90,15 @@ def ppo_config(fileroot, trial: str, tokenizer: str, prompts: str) -> Experiment
             "critic": ModelSpec(real(True), train),
             "reward": ModelSpec(real(True), infer),
         },
-        # the actor is data parallel over both workers; the other roles share them
-        allocations={"actor": [0, 1], "ref": [0], "critic": [1], "reward": [0]},
+        allocations=allocations or TWO_WORKERS,
+        layouts={r: Layout.parse(t) for r, t in (layouts or {}).items()},
         datasets=[DatasetAbstraction("prompt", {"dataset_path": prompts})],
         tokenizer_path=tokenizer,
         fileroot=str(fileroot),
         total_train_steps=2,
         seed=3,
         timeouts=Timeouts(connect=120),
+        **extra,
     )
 
 
@@ -104,3 +120,84 @@ def test_ppo_two_steps_local_and_ray_give_identical_stats(ppo_files, tmp_path, r
     # the trained models were saved as HF checkpoints at the end
     for role in ("actor", "critic"):
         assert os.path.isfile(os.path.join(ray_cfg.run_dir, "checkpoints", role, "final", "config.json"))
+
+
+def assert_close_stats(got: list[dict], want: list[dict], rel: float = 2e-3) -> None:
+    """Same records, every statistic within ``rel`` (fp32 sums in another order); a clip fraction
+    counts tokens past a threshold, so one borderline token of the 16 here may tip it."""
+    got, want = deterministic(got), deterministic(want)
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        assert sorted(g) == sorted(w)
+        for k, v in w.items():
+            if isinstance(v, float):
+                tipped = 1 / 16 + 1e-6 if k.endswith("clip_frac") else 1e-4
+                assert g[k] == pytest.approx(v, rel=rel, abs=tipped), (g["step"], k)
+
+
+ONE_WORKER = {"actor": [0], "ref": [0], "critic": [0], "reward": [0]}
+TP_LAYOUT = {"actor": [0, 1], "ref": [0], "critic": [0, 1], "reward": [1]}
+
+
+def test_tensor_parallel_ppo_matches_one_worker_local_and_ray(ppo_files, tmp_path, ray_cluster):
+    """actor and critic split over two workers (d1m2p1) give one worker's statistics and weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    tokenizer, prompts = ppo_files
+    whole_cfg = ppo_config(tmp_path, "d1", tokenizer, prompts, allocations=ONE_WORKER)
+    whole = run_experiment(whole_cfg, "local")
+    layouts = {"actor": "d1m2p1", "critic": "d1m2p1"}
+    tp_cfg = ppo_config(tmp_path, "tp", tokenizer, prompts, allocations=TP_LAYOUT, layouts=layouts)
+    assert_close_stats(run_experiment(tp_cfg, "local"), whole)
+    assert alive(worker_pids(tp_cfg).values()) == []
+    # the HF checkpoint of a tensor-parallel model is one ordinary folder, the same weights
+    final = os.path.join(tp_cfg.run_dir, "checkpoints", "actor", "final")
+    assert AutoModelForCausalLM.from_pretrained(final).num_parameters() > 0
+    tp_weights = load_file(os.path.join(final, "model.safetensors"))
+    d1_weights = load_file(
+        os.path.join(whole_cfg.run_dir, "checkpoints", "actor", "final", "model.safetensors")
+    )
+    assert sorted(tp_weights) == sorted(d1_weights)
+    for k, v in d1_weights.items():
+        torch.testing.assert_close(tp_weights[k], v, rtol=1e-4, atol=1e-5)
+    ray_cfg = ppo_config(tmp_path, "tp-ray", tokenizer, prompts, allocations=TP_LAYOUT, layouts=layouts)
+    assert_close_stats(run_experiment(ray_cfg, "ray"), whole)
+
+
+def test_fsdp_ppo_matches_replicated_data_parallel_and_saves_shards(ppo_files, tmp_path):
+    """engine.fsdp=true over two dp ranks gives the replicated engine's statistics; its recover
+    points hold every rank's shards."""
+    tokenizer, prompts = ppo_files
+    both = {"actor": [0, 1], "ref": [0, 1], "critic": [0, 1], "reward": [0, 1]}
+    replicated = run_experiment(ppo_config(tmp_path, "d2", tokenizer, prompts, allocations=both), "local")
+    cfg = ppo_config(tmp_path, "fsdp", tokenizer, prompts, allocations=both, fsdp=True, ckpt_freq_steps=1)
+    assert_close_stats(run_experiment(cfg, "local"), replicated)
+    recover = os.path.join(cfg.run_dir, "recover", "step2", "actor")
+    assert os.path.isdir(os.path.join(recover, "sharded"))
+    assert sorted(f for f in os.listdir(recover) if f.startswith("rng_state")) == [
+        "rng_state_rank0.pt",
+        "rng_state_rank1.pt",
+    ]
+
+
+@pytest.mark.parametrize(
+    "allocations, layouts, match",
+    [
+        (
+            {"actor": [0, 1, 2, 3], "ref": [0], "critic": [1], "reward": [0]},
+            {"actor": "d1m4p1"},
+            r"model 'actor' in layout d1m4p1: tensor-parallel size m4 does not divide the model's 2 query heads",
+        ),
+        (TWO_WORKERS, {"actor": "d1m4p1"}, r"model 'actor': layout d1m4p1 has 4 ranks but 2 workers"),
+        (TWO_WORKERS, {"actor": "d1m1p2"}, r"model 'actor': layout d1m1p2 asks for pipeline parallelism"),
+    ],
+)
+def test_layouts_that_cannot_work_are_named_before_any_worker_starts(
+    ppo_files, tmp_path, allocations, layouts, match
+):
+    tokenizer, prompts = ppo_files
+    with pytest.raises(ValueError, match=match):
+        cfg = ppo_config(tmp_path, "bad", tokenizer, prompts, allocations=allocations, layouts=layouts)
+        run_experiment(cfg, "local")
+    assert not os.path.exists(os.path.join(tmp_path, "systest-ppo", "bad", "logs", "model_worker-0.log"))

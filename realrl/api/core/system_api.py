@@ -48,17 +48,17 @@ class Timeouts:
 
 @dataclasses.dataclass
 class ModelSpec:
-    """How to build one model role: the model factory and the engine wrapping it.
-
-    ``offload``: a frozen model stays in host memory between its calls and moves to the worker's
-    device for each call (ref and reward models in PPO).
-    """
+    """How to build one model role: the model factory and the engine wrapping it."""
 
     model: ModelAbstraction
     backend: ModelBackendAbstraction = dataclasses.field(
         default_factory=lambda: ModelBackendAbstraction("inference")
     )
-    offload: bool = False
+
+    @property
+    def offload(self) -> bool:
+        """A frozen model kept in host memory between its calls (the inference backend's option)."""
+        return bool(self.backend.args.get("offload", False))
 
 
 @dataclasses.dataclass
@@ -266,6 +266,12 @@ class ExperimentConfig:
                 self.placement(role)
             except ValueError as e:
                 raise ValueError(f"model {role!r}: {e}") from None
+            if self.layouts[role].pp > 1:
+                raise ValueError(
+                    f"model {role!r}: layout {self.layouts[role]} asks for pipeline parallelism "
+                    f"(p{self.layouts[role].pp}), which realrl does not do; in allocation_mode use p1 and split "
+                    "the model with tensor parallelism (m) and/or <role>.engine.fsdp=true"
+                )
             bad = [w for w in workers if not 0 <= w < self.n_model_workers]
             if bad:
                 raise ValueError(

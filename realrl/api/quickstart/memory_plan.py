@@ -25,6 +25,7 @@ from typing import Any
 
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout
+from realrl.api.core.layout_fit import check_tensor_parallel
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 
@@ -119,13 +120,7 @@ def _config_from_folder(path: str) -> ReaLModelConfig:
 def param_counts(cfg: ReaLModelConfig, tp: int, pp: int = 1) -> tuple[int, int]:
     """(parameters per device, parameters of one layer) under tensor / pipeline parallelism."""
     h, d, inter = cfg.hidden_dim, cfg.head_dim, cfg.intermediate_dim
-    for name, n in (
-        ("n_q_heads", cfg.n_q_heads),
-        ("n_kv_heads", cfg.n_kv_heads),
-        ("intermediate_dim", inter),
-    ):
-        if n % tp:
-            raise ValueError(f"{name} {n} is not divisible by tp {tp}")
+    check_tensor_parallel(cfg, tp, "tensor parallelism")
     q, kv, i = cfg.n_q_heads * d // tp, cfg.n_kv_heads * d // tp, inter // tp
     norm = h * (2 if cfg.layer_norm_type == "layer" else 1)
     attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * cfg.use_attention_bias + h * cfg.use_attn_proj_bias

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from realrl.impl.model.parallel.dtensor import local
+from realrl.impl.model.parallel.mesh import comm_device
 
 BUCKET_BYTES = 32 * 1024 * 1024
 
@@ -29,14 +30,6 @@ def world_size(group: dist.ProcessGroup | None) -> int:
 
 def rank(group: dist.ProcessGroup | None) -> int:
     return 0 if group is None else dist.get_rank(group)
-
-
-def comm_device(group: dist.ProcessGroup | None) -> torch.device:
-    """NCCL moves CUDA tensors only; gloo moves CPU tensors (a group with both, as a worker with its
-    own GPU creates, takes CPU tensors through gloo)."""
-    if group is not None and dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def all_reduce_sum(value: float, group: dist.ProcessGroup | None) -> float:
@@ -83,9 +76,13 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group: dist.Proce
             size, key = 0, k
         buckets[-1].append(g)
         size += nbytes
+    target = comm_device(group)
     for bucket in buckets:
         flat = _flatten_dense_tensors(bucket)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        moved = flat.to(target)  # CUDA gradients over a gloo-only group (workers sharing a GPU)
+        dist.all_reduce(moved, op=dist.ReduceOp.SUM, group=group)
+        if moved is not flat:
+            flat.copy_(moved)
         for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             g.copy_(synced)
 

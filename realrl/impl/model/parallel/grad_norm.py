@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from realrl.impl.model.parallel.dtensor import is_dtensor, local
+from realrl.impl.model.parallel.mesh import comm_device
 
 
 def total_norm(grads: Iterable[torch.Tensor]) -> float:
@@ -33,7 +34,7 @@ def total_norm(grads: Iterable[torch.Tensor]) -> float:
     for key, s in sums.items():
         s = s.to(torch.float64)
         for group in groups[key]:
-            s = s.to("cuda") if dist.get_backend(group) == "nccl" else s.cpu()
+            s = s.to(comm_device(group))
             dist.all_reduce(s, group=group)
         total += float(s)
     return math.sqrt(total)

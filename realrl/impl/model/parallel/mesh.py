@@ -16,6 +16,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from realrl.api.core.layout import Layout, Placement
 
 
+def comm_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where a tensor must be for a collective over ``group``: NCCL (alone or beside gloo, as a
+    worker with its own GPU sets up) reduces CUDA tensors; gloo-only groups take CPU tensors."""
+    if group is not None and "nccl" in str(dist.get_backend(group)):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 @dataclasses.dataclass
 class ParallelContext:
     """What one rank of a parallel model needs to know about its layout.

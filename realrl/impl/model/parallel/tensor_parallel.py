@@ -25,23 +25,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from realrl.api.core.layout_fit import check_tensor_parallel
 from realrl.api.core.model_api import ReaLModelConfig
-
-
-def check_tensor_parallel(cfg: ReaLModelConfig, tp: int, where: str) -> None:
-    """A named error when ``tp`` cannot split this architecture."""
-    if tp == 1:
-        return
-    for what, n in (
-        ("query heads (n_q_heads)", cfg.n_q_heads),
-        ("key/value heads (n_kv_heads)", cfg.n_kv_heads),
-        ("MLP inner size (intermediate_dim)", cfg.intermediate_dim),
-    ):
-        if n % tp:
-            raise ValueError(
-                f"{where}: tensor-parallel size m{tp} does not divide the model's {n} {what}; "
-                f"choose m among {[d for d in range(1, n + 1) if n % d == 0 and d <= 64]}"
-            )
 
 
 def splits_vocab(cfg: ReaLModelConfig, tp: int) -> bool:

@@ -1,0 +1,68 @@
+"""One device per worker: which GPU each model worker gets, and which backends connect them."""
+
+from __future__ import annotations
+
+import pytest
+
+from realrl.api.core.devices import (
+    GLOO,
+    GLOO_AND_NCCL,
+    DeviceAssignmentError,
+    dist_backend,
+    local_devices,
+    ray_gpus_per_worker,
+)
+
+
+def test_each_local_worker_gets_its_own_gpu_and_nccl():
+    placed = local_devices("cuda", n_workers=4, n_gpus=8, colocate=False)
+    assert placed == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert dist_backend(placed) == GLOO_AND_NCCL
+
+
+def test_fewer_gpus_than_workers_is_an_error_naming_both_counts():
+    with pytest.raises(
+        DeviceAssignmentError, match=r"use 3 model workers but 1 GPU\(s\) are visible.*colocate=true"
+    ):
+        local_devices("cuda", n_workers=3, n_gpus=1, colocate=False)
+
+
+def test_colocated_workers_share_gpus_round_robin_over_gloo():
+    placed = local_devices("cuda", n_workers=3, n_gpus=2, colocate=True)
+    assert placed == ["cuda:0", "cuda:1", "cuda:0"]
+    assert dist_backend(placed) == GLOO  # NCCL refuses two ranks on one GPU
+
+
+def test_a_named_gpu_is_shared_and_cpu_stays_cpu():
+    assert local_devices("cuda:1", n_workers=2, n_gpus=2, colocate=False) == ["cuda:1", "cuda:1"]
+    assert dist_backend(["cuda:1", "cuda:1"]) == GLOO
+    assert local_devices("cpu", n_workers=2, n_gpus=0, colocate=False) == ["cpu", "cpu"]
+    assert dist_backend(["cpu", "cpu"]) == GLOO
+    with pytest.raises(DeviceAssignmentError, match="no CUDA device is visible"):
+        local_devices("cuda", n_workers=1, n_gpus=0, colocate=False)
+    with pytest.raises(DeviceAssignmentError, match="has 2 GPU"):
+        local_devices("cuda:2", n_workers=1, n_gpus=2, colocate=False)
+
+
+def test_ray_actors_ask_for_one_gpu_or_a_share():
+    assert ray_gpus_per_worker("cpu", 4, 0, False) == 0.0
+    assert ray_gpus_per_worker("cuda", 4, 8, False) == 1.0
+    assert ray_gpus_per_worker("cuda", 4, 2, True) == 0.5
+    with pytest.raises(DeviceAssignmentError, match=r"4 model workers but the Ray cluster has 2 GPU"):
+        ray_gpus_per_worker("cuda", 4, 2, False)
+    with pytest.raises(DeviceAssignmentError, match="has no GPUs"):
+        ray_gpus_per_worker("cuda", 1, 0, False)
+
+
+def test_worker_configs_carry_each_workers_device_and_backend(tmp_path):
+    from system_graphs import mock_config
+
+    from realrl.api.core.system_api import NameResolveConfig
+
+    cfg = mock_config(tmp_path, "t")
+    placed = local_devices("cuda", cfg.n_model_workers, n_gpus=2, colocate=False)
+    configs = cfg.model_worker_configs(
+        NameResolveConfig("nfs", str(tmp_path)), devices=placed, dist_backend=dist_backend(placed)
+    )
+    assert [c.device for c in configs] == ["cuda:0", "cuda:1"]
+    assert {c.dist_backend for c in configs} == {GLOO_AND_NCCL}
