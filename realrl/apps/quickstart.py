@@ -10,7 +10,6 @@ model) run first unless their checkpoints are already under ``fileroot``.
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 
 from realrl.api.core.layout import Layout
