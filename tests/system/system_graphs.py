@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 import psutil
@@ -102,3 +103,14 @@ def wait_all_exited(pids, timeout: float = 10.0) -> list[int]:
 def deterministic(stats: list[dict]) -> list[dict]:
     """Stats without wall-clock fields."""
     return [{k: v for k, v in s.items() if k not in ("time", "timing")} for s in stats]
+
+
+def kill_when_running(cfg, victim: str, signum=signal.SIGKILL):
+    """SIGKILL ``victim`` once the run has finished a step; the time it was killed (None: never)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pids = worker_pids(cfg) if os.path.isdir(cfg.log_dir) else {}
+        if victim in pids and os.path.exists(os.path.join(cfg.run_dir, "stats.jsonl")):
+            os.kill(pids[victim], signum)
+            return time.monotonic()
+        time.sleep(0.1)

@@ -66,3 +66,30 @@ def test_worker_configs_carry_each_workers_device_and_backend(tmp_path):
     )
     assert [c.device for c in configs] == ["cuda:0", "cuda:1"]
     assert {c.dist_backend for c in configs} == {GLOO_AND_NCCL}
+
+
+@pytest.mark.gpu
+def test_two_workers_sharing_one_gpu_train_data_parallel(tmp_path):
+    """On a one-GPU machine: d2 with colocate=true puts both workers on cuda:0 (gloo between them)."""
+    import json
+    import os
+
+    from realrl.apps.quickstart import build_config
+    from realrl.apps.run import run_quickstart
+
+    cfg = build_config(
+        "sft",
+        [
+            f"fileroot={tmp_path}",
+            "device=cuda",
+            "allocation_mode=d2",
+            "colocate=true",
+            "exp_ctrl.total_train_steps=2",
+            "dataset.train_bs_n_seqs=8",
+        ],
+    )
+    run_quickstart("sft", cfg)
+    with open(os.path.join(cfg.run_dir, "stats.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["trainDefault/loss"] > 0 for r in records)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from system_graphs import alive, deterministic, wait_all_exited, worker_pids
+from system_graphs import alive, deterministic, kill_when_running, wait_all_exited, worker_pids
 
 from realrl.api.core.config import DatasetAbstraction, ModelAbstraction, ModelBackendAbstraction
 from realrl.api.core.config import ModelInterfaceAbstraction as Impl
@@ -201,3 +201,35 @@ def test_layouts_that_cannot_work_are_named_before_any_worker_starts(
         cfg = ppo_config(tmp_path, "bad", tokenizer, prompts, allocations=allocations, layouts=layouts)
         run_experiment(cfg, "local")
     assert not os.path.exists(os.path.join(tmp_path, "systest-ppo", "bad", "logs", "model_worker-0.log"))
+
+
+def test_a_worker_killed_during_tensor_parallel_training_stops_the_run(ppo_files, tmp_path):
+    """Its partner waits in a collective; the run still stops at once, naming the dead worker."""
+    import threading
+    import time
+
+    from realrl.apps.main import ExperimentFailedError
+
+    tokenizer, prompts = ppo_files
+    layouts = {"actor": "d1m2p1", "critic": "d1m2p1"}
+    cfg = ppo_config(
+        tmp_path,
+        "tp-kill",
+        tokenizer,
+        prompts,
+        allocations=TP_LAYOUT,
+        layouts=layouts,
+        total_train_epochs=1000,
+    )
+    cfg.total_train_steps = None
+    killed_at = []
+    killer = threading.Thread(target=lambda: killed_at.append(kill_when_running(cfg, "model_worker/1")))
+    killer.start()
+    with pytest.raises(ExperimentFailedError) as info:
+        run_experiment(cfg, "local")
+    stopped_at = time.monotonic()
+    killer.join()
+    assert killed_at and killed_at[0] is not None, "the run never got going"
+    assert stopped_at - killed_at[0] < 30
+    assert info.value.worker == "model_worker/1"
+    assert wait_all_exited(worker_pids(cfg).values()) == []

@@ -11,7 +11,15 @@ import threading
 import time
 
 import pytest
-from system_graphs import alive, deterministic, mock_config, single_call_config, wait_all_exited, worker_pids
+from system_graphs import (
+    alive,
+    deterministic,
+    kill_when_running,
+    mock_config,
+    single_call_config,
+    wait_all_exited,
+    worker_pids,
+)
 
 from realrl.api.core.config import DatasetAbstraction, ModelInterfaceAbstraction
 from realrl.apps.main import ExperimentFailedError, run_experiment
@@ -108,16 +116,6 @@ def test_interface_exception_reaches_the_master_with_its_traceback(tmp_path, mod
     assert wait_all_exited(worker_pids(cfg).values()) == []
 
 
-def _kill_when_running(cfg, victim: str, signum=signal.SIGKILL):
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        pids = worker_pids(cfg) if os.path.isdir(cfg.log_dir) else {}
-        if victim in pids and os.path.exists(os.path.join(cfg.run_dir, "stats.jsonl")):
-            os.kill(pids[victim], signum)
-            return time.monotonic()
-        time.sleep(0.1)
-
-
 @pytest.mark.parametrize("mode", ["local", "ray"])
 def test_killing_a_worker_stops_the_run_naming_it(tmp_path, mode, request):
     if mode == "ray":
@@ -125,7 +123,7 @@ def test_killing_a_worker_stops_the_run_naming_it(tmp_path, mode, request):
     slow = ModelInterfaceAbstraction("sys_test_slow", {"delay": 0.3})
     cfg = single_call_config(tmp_path, f"kill-{mode}", slow, steps=1000, n_samples=4000)
     killed_at = []
-    killer = threading.Thread(target=lambda: killed_at.append(_kill_when_running(cfg, "model_worker/1")))
+    killer = threading.Thread(target=lambda: killed_at.append(kill_when_running(cfg, "model_worker/1")))
     killer.start()
     with pytest.raises(ExperimentFailedError) as info:
         run_experiment(cfg, mode)
