@@ -179,6 +179,11 @@ def test_fsdp_ppo_matches_replicated_data_parallel_and_saves_shards(ppo_files, t
         "rng_state_rank0.pt",
         "rng_state_rank1.pt",
     ]
+    # FSDP over "dp" composed with tensor parallelism over "tp": a 2-D mesh on four workers
+    four = {"actor": [0, 1, 2, 3], "ref": [0, 1], "critic": [0, 1, 2, 3], "reward": [2, 3]}
+    layouts = {"actor": "d2m2p1", "critic": "d2m2p1"}
+    cfg = ppo_config(tmp_path, "fsdp-tp", tokenizer, prompts, allocations=four, layouts=layouts, fsdp=True)
+    assert_close_stats(run_experiment(cfg, "local"), replicated)
 
 
 @pytest.mark.parametrize(

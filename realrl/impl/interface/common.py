@@ -158,13 +158,19 @@ def token_sample(data: SequenceSample, key: str, values: torch.Tensor) -> Sequen
 
 def save_model(model: Model, save_dir: str, extra: dict[str, Any] | None = None) -> None:
     """HF-format weights through the engine (or module), the tokenizer, and ``extra`` as JSON
-    files (``{name}.json``) beside them, e.g. the reward normalisation."""
-    os.makedirs(save_dir, exist_ok=True)
+    files (``{name}.json``) beside them, e.g. the reward normalisation.
+
+    Every rank of a sharded model calls it (the weights are gathered collectively); only the
+    engine's writing rank (``is_writer``) touches the folder."""
     target = model.module
-    if hasattr(target, "save_pretrained"):
-        target.save_pretrained(save_dir)
-    else:
+    if not hasattr(target, "save_pretrained"):
         raise TypeError(f"model {model.name}: {type(target).__name__} offers no save_pretrained(dir)")
+    writer = getattr(target, "is_writer", True)
+    if writer:
+        os.makedirs(save_dir, exist_ok=True)
+    target.save_pretrained(save_dir)
+    if not writer:
+        return
     if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
         model.tokenizer.save_pretrained(save_dir)
     for name, value in (extra or {}).items():
