@@ -130,3 +130,24 @@ def test_missing_keys_are_named():
         engine.forward(batch.meta())
     with pytest.raises(ValueError, match="EngineConfig.dtype"):
         EngineConfig(dtype="fp8")
+
+
+def _devices_seen(engine: InferenceEngine) -> list[torch.device]:
+    """The device of the module's weights at each forward (a hook records it)."""
+    seen: list[torch.device] = []
+    engine.module.register_forward_pre_hook(lambda m, args: seen.append(next(m.parameters()).device))
+    return seen
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], ids=["cpu", "cuda"])
+def test_an_offloaded_model_visits_the_device_for_each_call_only(device):
+    batch = make_batch(LENGTHS)
+    torch.manual_seed(0)
+    kept = InferenceEngine(PackedToyLM(), EngineConfig(dtype="fp32"), device=device)
+    torch.manual_seed(0)
+    offloaded = InferenceEngine(PackedToyLM(), EngineConfig(dtype="fp32"), device=device, offload=True)
+    seen = _devices_seen(offloaded)
+    assert next(offloaded.module.parameters()).device.type == "cpu"  # host memory between calls
+    torch.testing.assert_close(offloaded.forward(batch).cpu(), kept.forward(batch).cpu())
+    assert [d.type for d in seen] == [device]  # on the device during the call
+    assert next(offloaded.module.parameters()).device.type == "cpu"
