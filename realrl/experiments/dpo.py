@@ -83,7 +83,9 @@ class DPOConfig(CommonExperimentConfig):
             ),
         ]
         models = {
-            "actor": ModelSpec(actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True, key="actor")),
+            "actor": ModelSpec(
+                actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True, key="actor")
+            ),
             "ref": ModelSpec(ref.model(False, tokenizer_path=tokenizer), ref.backend(trainable=False)),
         }
         valid = [self.dataset.abstraction(valid_path)] if valid_path else []

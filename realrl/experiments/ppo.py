@@ -164,7 +164,9 @@ class PPOConfig(CommonExperimentConfig):
         ref = dataclasses.replace(self.ref, path=ref_path)
         critic = dataclasses.replace(self.critic, path=critic_path)
         models = {
-            "actor": ModelSpec(actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True, key="actor")),
+            "actor": ModelSpec(
+                actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True, key="actor")
+            ),
             "ref": ModelSpec(ref.model(False, tokenizer_path=tokenizer), ref.backend(trainable=False)),
             "reward": reward_spec,
         }

@@ -10,11 +10,16 @@ qwen3, mistral, gpt2): they differ in biases, norms and MLP kind, not in what sp
 
 Activations between blocks are whole on every rank (no sequence parallelism): packed,
 variable-length batches then need no change anywhere else, and the KV cache of generation holds
-each rank's own KV heads.
+each rank's own KV heads. The one whole weight that meets split activations is qwen3's per-head
+q/k norm: each rank sees only its heads, so its gradient is summed over the tp ranks.
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
@@ -27,6 +32,7 @@ from torch.distributed.tensor.parallel import (
 
 from realrl.api.core.layout_fit import check_tensor_parallel
 from realrl.api.core.model_api import ReaLModelConfig
+from realrl.impl.model.parallel.mesh import comm_device
 
 
 def splits_vocab(cfg: ReaLModelConfig, tp: int) -> bool:
@@ -52,6 +58,13 @@ def plan_for(cfg: ReaLModelConfig, tp: int) -> dict[str, ParallelStyle]:
     return plan
 
 
+def _sum_over(grad: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """A whole weight's gradient from this rank's heads, summed over the tp ranks' heads."""
+    total = grad.to(comm_device(group), copy=True)
+    dist.all_reduce(total, group=group)
+    return total.to(grad.device)
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard ``model`` (a ReaLModel, whole and identical on every rank) over ``tp_mesh`` in place.
 
@@ -62,7 +75,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     tp = tp_mesh.size()
     check_tensor_parallel(cfg, tp, "tensor parallelism")
     parallelize_module(model, tp_mesh, plan_for(cfg, tp), src_data_rank=None)
+    group = tp_mesh.get_group()
     for layer in model.layers:
         layer.attn.n_q, layer.attn.n_kv = cfg.n_q_heads // tp, cfg.n_kv_heads // tp
+        for norm in (getattr(layer.attn, "q_ln", None), getattr(layer.attn, "k_ln", None)):
+            for p in norm.parameters() if norm is not None else ():
+                p.register_hook(functools.partial(_sum_over, group=group))
     if cfg.tied_embedding and not cfg.is_critic:
         model.head.weight = model.embed.wte.weight  # both split the vocabulary the same way

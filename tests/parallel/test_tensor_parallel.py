@@ -1,0 +1,160 @@
+"""Tensor parallelism (DTensor, 2 gloo processes) against the whole model, for every family:
+the same logits, gradients, greedy tokens and sampled tokens and log-probs.
+
+Every model is loaded from a Hugging Face folder (the path users take), split over a d1m2p1
+mesh with the backends' own ``parallelize``, and compared in the same process with a whole copy.
+All families run in one spawn: starting processes costs more than the models.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "model"))
+from model_fixtures import make_hf_model, packed  # noqa: E402
+
+from realrl.api.core.layout import Layout, Placement  # noqa: E402
+from realrl.api.core.layout_fit import check_tensor_parallel  # noqa: E402
+from realrl.api.core.model_api import GenerationHyperparameters, ReaLModelConfig  # noqa: E402
+from realrl.base.network import find_free_port  # noqa: E402
+from realrl.impl.model.nn.real_model import ReaLModel  # noqa: E402
+from realrl.impl.model.parallel.apply import parallelize  # noqa: E402
+from realrl.impl.model.parallel.dtensor import is_dtensor  # noqa: E402
+from realrl.impl.model.parallel.mesh import build_contexts  # noqa: E402
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gpt2"]
+LENGTHS = [7, 3, 11]
+PROMPTS = [5, 2, 8]
+EOS = 1
+# a vocabulary that splits over two ranks (the fixtures' 97 does not): embedding and head sharded
+SPLIT_VOCAB = ReaLModelConfig(
+    n_layers=2,
+    n_q_heads=4,
+    n_kv_heads=2,
+    hidden_dim=32,
+    intermediate_dim=48,
+    vocab_size=64,
+    tied_embedding=True,
+)
+
+
+def _cases(folder: str) -> list[tuple[str, dict]]:
+    cases = [(kind, {"path": os.path.join(folder, kind)}) for kind in FAMILIES]
+    cases.append(("llama-critic", {"path": os.path.join(folder, "llama"), "is_critic": True}))
+    cases.append(("tied-split-vocab", {"config": SPLIT_VOCAB}))
+    return cases
+
+
+def _build(case: dict) -> ReaLModel:
+    torch.manual_seed(0)  # a critic's new head is random: the same on every rank and copy
+    if "config" in case:
+        return ReaLModel(case["config"])
+    return ReaLModel.from_pretrained(case["path"], is_critic=case.get("is_critic", False))
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if is_dtensor(t) else t
+
+
+def _loss(out: torch.Tensor, ids: torch.Tensor, critic: bool) -> torch.Tensor:
+    if critic:
+        return (out.float() ** 2).mean()
+    logp = torch.log_softmax(out.float(), dim=-1)
+    return -logp[:-1].gather(-1, ids[1:, None]).mean()
+
+
+def _compare(case: dict, parallel, result: dict) -> None:
+    whole, split = _build(case), _build(case)
+    parallelize(split, parallel)
+    critic = split.config.is_critic
+    assert any(is_dtensor(p) for p in split.parameters())
+    ids, cu = packed(LENGTHS)
+    ids = ids % split.config.vocab_size
+    out_w, out_s = whole(ids, cu), split(ids, cu)
+    result["forward"] = float((out_w - _whole(out_s)).abs().max())
+    _loss(out_w, ids, critic).backward()
+    _loss(out_s, ids, critic).backward()
+    grads_s = dict(split.named_parameters())
+    # relative to each gradient's size, with a floor: a key bias's gradient is zero in exact
+    # arithmetic (softmax ignores a shift shared by all keys), so both sides hold only rounding
+    result["grad"] = max(
+        float((p.grad - _whole(grads_s[n].grad)).abs().max() / (p.grad.abs().max() + 1e-3))
+        for n, p in whole.named_parameters()
+    )
+    if critic:
+        return
+    prompts, pcu = packed(PROMPTS, seed=2)
+    prompts = prompts % split.config.vocab_size
+    with torch.no_grad():
+        greedy = GenerationHyperparameters(max_new_tokens=6, greedy=True)
+        g_w, g_s = whole.generate(prompts, pcu, greedy, EOS), split.generate(prompts, pcu, greedy, EOS)
+        result["greedy_equal"] = torch.equal(g_w.sequences, g_s.sequences)
+        sampled = GenerationHyperparameters(n=2, max_new_tokens=6, temperature=0.7, top_k=20)
+        torch.manual_seed(5)
+        s_w = whole.generate(prompts, pcu, sampled, EOS)
+        torch.manual_seed(5)
+        s_s = split.generate(prompts, pcu, sampled, EOS)
+    result["sampled_equal"] = torch.equal(s_w.sequences, s_s.sequences)
+    result["logprobs"] = float((s_w.logprobs - s_s.logprobs).abs().max())
+    result["tokens"] = s_s.sequences.clone()  # compared across ranks by the parent
+
+
+def worker(rank: int, port: int, folder: str, out_dir: str) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        parallel = build_contexts({"m": Placement(Layout(1, 2, 1), (0, 1))}, rank, "cpu")["m"]
+        results = {}
+        for name, case in _cases(folder):
+            results[name] = {}
+            _compare(case, parallel, results[name])
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf")
+    for kind in FAMILIES:
+        make_hf_model(kind).save_pretrained(folder / kind)
+    out = tmp_path_factory.mktemp("tp")
+    mp.spawn(worker, args=(find_free_port(), str(folder), str(out)), nprocs=2, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.mark.parametrize("name", [*FAMILIES, "llama-critic", "tied-split-vocab"])
+def test_tensor_parallel_matches_the_whole_model(results, name):
+    for rank_results in results:
+        r = rank_results[name]
+        assert r["forward"] < 1e-5, r
+        assert r["grad"] < 1e-4, r
+        if name != "llama-critic":
+            assert r["greedy_equal"] and r["sampled_equal"], r
+            assert r["logprobs"] < 1e-5, r
+    if name != "llama-critic":  # both ranks of the replica sample the same tokens
+        assert torch.equal(results[0][name]["tokens"], results[1][name]["tokens"])
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_named():
+    cfg = ReaLModelConfig(
+        n_layers=1, n_q_heads=6, n_kv_heads=3, hidden_dim=48, intermediate_dim=96, vocab_size=32
+    )
+    check_tensor_parallel(cfg, 3, "model 'actor'")  # divides all three
+    with pytest.raises(
+        ValueError,
+        match=r"model 'actor': tensor-parallel size m2 does not divide the model's 3 key/value heads",
+    ):
+        check_tensor_parallel(cfg, 2, "model 'actor'")
+    with pytest.raises(
+        ValueError,
+        match=r"m4 does not divide the model's 6 query heads \(n_q_heads\); choose m among \[1, 2, 3, 6\]",
+    ):
+        check_tensor_parallel(cfg, 4, "model 'actor'")
