@@ -30,14 +30,20 @@ def model_config(size: str):
     )
 
 
-def batch(vocab: int, lengths: list[int], seed: int):
+def batch(vocab: int, lengths: list[int], seed: int, key: str = "packed_input_ids"):
     from realrl.api.core.data_api import SequenceSample
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (sum(lengths),), generator=g)
     return SequenceSample.from_default(
-        ids=[f"s{seed}-{i}" for i in range(len(lengths))], seqlens=lengths, data={"packed_input_ids": ids}
+        ids=[f"s{seed}-{i}" for i in range(len(lengths))], seqlens=lengths, data={key: ids}
     )
+
+
+def n_params(size: str) -> int:
+    from realrl.impl.model.nn.real_model import ReaLModel
+
+    return sum(p.numel() for p in ReaLModel(model_config(size), device="meta").parameters())
 
 
 def token_loss(logits: torch.Tensor, mb) -> tuple[torch.Tensor, dict]:

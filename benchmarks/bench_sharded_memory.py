@@ -40,7 +40,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _parallel_common import SIZES, batch, init_group, model_config, n_tokens, token_loss  # noqa: E402
+from _parallel_common import SIZES, batch, init_group, model_config, n_params, n_tokens, token_loss  # noqa: E402
 
 LENGTHS = [96, 160, 64, 200, 128, 112]
 
@@ -121,13 +121,12 @@ def worker(rank: int, world: int, port: int, args, fsdp: bool, out: str) -> None
             else:
                 reset_peak(device)
         state = max(state, state_bytes(engine))
-        n_params = sum(p.numel() for p in ReaLModel(model_config(args.size), device="meta").parameters())
         torch.save(
             {
                 "state": state,
                 "peak": peak_bytes(device),
                 "step": statistics.median(times),
-                "params": n_params,
+                "params": n_params(args.size),
             },
             os.path.join(out, f"{'fsdp' if fsdp else 'replicated'}-rank{rank}.pt"),
         )
