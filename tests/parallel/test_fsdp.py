@@ -30,8 +30,15 @@ CFG = ReaLModelConfig(
     vocab_size=64,
     hf_model_type="llama",
 )
+# the TensorFlow-style epsilon runs realrl's own AdamW on the shards (the PPO runtime test covers
+# torch's AdamW under FSDP); clipping, decay and a warmed-up cosine schedule act on every step
 OPT = OptimizerConfig(
-    lr=1e-2, weight_decay=0.1, grad_clip=0.5, lr_scheduler_type="cosine", warmup_steps_proportion=0.2
+    lr=1e-2,
+    weight_decay=0.1,
+    grad_clip=0.5,
+    lr_scheduler_type="cosine",
+    warmup_steps_proportion=0.2,
+    tf_style_eps=True,
 )
 LENGTHS = [[5, 9, 3, 12], [7, 4, 10]]  # rank r's sequences: uneven token counts and sample counts
 STEPS = 3
