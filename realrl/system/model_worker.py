@@ -195,12 +195,18 @@ class ModelWorker(WorkerBase):
     def initialize(self, req: InitializeRequest) -> None:
         cfg = self.config
         for shard in sorted(cfg.shards, key=lambda s: s.role):
-            # every rank starts from the same whole weights; a parallel backend keeps its part
+            # every rank starts from the same whole weights; a parallel backend keeps its part.
+            # A model over several ranks is built in host memory: splitting it moves it to the
+            # device a parameter (tensor parallelism) or a block (FSDP2) at a time and keeps this
+            # rank's shard, so a device never holds the whole model; the engine then moves what
+            # stayed whole (norms).
             seeding.set_random_seed(cfg.seed)
-            model = model_api.make_model(shard.spec.model, shard.model_name, cfg.device)
+            parallel = self.parallel[shard.role]
+            build_on = "cpu" if parallel.mesh is not None else cfg.device
+            model = model_api.make_model(shard.spec.model, shard.model_name, build_on)
+            model.device = cfg.device
             if model.tokenizer is None:
                 model.tokenizer = self.tokenizer
-            parallel = self.parallel[shard.role]
             backend_args = {**shard.spec.backend.args, "parallel": parallel if parallel.mesh else None}
             backend = model_api.make_backend(ModelBackendAbstraction(shard.spec.backend.type_, backend_args))
             self.models[shard.role] = backend.initialize(model, req.ft_spec)
