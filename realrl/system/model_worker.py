@@ -203,7 +203,9 @@ class ModelWorker(WorkerBase):
             seeding.set_random_seed(cfg.seed)
             parallel = self.parallel[shard.role]
             build_on = "cpu" if parallel.mesh is not None else cfg.device
-            model = model_api.make_model(shard.spec.model, shard.model_name, build_on)
+            model = model_api.make_model(
+                shard.spec.model, shard.model_name, build_on, parallel if parallel.mesh else None
+            )
             model.device = cfg.device
             if model.tokenizer is None:
                 model.tokenizer = self.tokenizer

@@ -7,6 +7,7 @@ nothing of PPO, and PPO knows nothing of how the model is sharded or stepped.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -214,11 +215,20 @@ def register_model(name: str, factory: Callable[..., Model]) -> None:
 
 
 def make_model(
-    cfg: ModelAbstraction | str, name: ModelName | str, device: torch.device | str = "cpu"
+    cfg: ModelAbstraction | str,
+    name: ModelName | str,
+    device: torch.device | str = "cpu",
+    parallel: Any = None,
 ) -> Model:
+    """``parallel``: the model's layout on this worker (``ParallelContext``), passed to a factory
+    whose signature names ``parallel`` (it may then load the model already split)."""
     if isinstance(cfg, str):
         cfg = ModelAbstraction(cfg)
-    return _MODELS.get(cfg.type_)(ModelName.parse(name), device, **cfg.args)
+    factory = _MODELS.get(cfg.type_)
+    kwargs = dict(cfg.args)
+    if parallel is not None and "parallel" in inspect.signature(factory).parameters:
+        kwargs["parallel"] = parallel
+    return factory(ModelName.parse(name), device, **kwargs)
 
 
 def registered_models() -> list[str]:

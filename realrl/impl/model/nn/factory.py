@@ -50,8 +50,13 @@ def make_real_model(
     attn_impl: str = "auto",
     tokenizer_path: str | None = None,
     critic_head_init: str = "reward",
+    parallel: Any = None,
 ) -> Model:
-    """A ReaLModel from an HF checkpoint folder (``path``) or random weights (``config``)."""
+    """A ReaLModel from an HF checkpoint folder (``path``) or random weights (``config``).
+
+    ``parallel`` (the model's ``ParallelContext``, given by the model worker): a checkpoint is
+    loaded already split over its tensor-parallel ranks, each reading only its slices. Random
+    weights are drawn whole (every rank the same) and split by the backend."""
     torch_dtype = parse_dtype(dtype)
     if (path is None) == (config is None):
         raise ValueError(
@@ -65,6 +70,7 @@ def make_real_model(
             attn_impl=attn_impl,
             device=device,
             critic_head_init=critic_head_init,
+            tp_mesh=parallel.tp_mesh if parallel is not None and parallel.layout.tp > 1 else None,
         )
     else:
         fields = dict(config.__dict__) if isinstance(config, ReaLModelConfig) else dict(config)

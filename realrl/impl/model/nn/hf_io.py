@@ -47,25 +47,120 @@ def family_of(cfg: ReaLModelConfig) -> HFFamily:
         return get_hf_family(model_type)
 
 
-def read_hf_state_dict(path: str) -> dict[str, torch.Tensor]:
-    """All weights of a checkpoint folder: *.safetensors (sharded or not), else *.bin."""
-    from safetensors.torch import load_file
-
+def _weight_files(path: str) -> tuple[list[str], bool]:
+    """The weight files of a checkpoint folder and whether they are safetensors (else *.bin)."""
     files = sorted(
         f for f in glob.glob(os.path.join(path, "*.safetensors")) if not f.endswith(CRITIC_HEAD_FILE)
     )
+    if files:
+        return files, True
+    files = sorted(glob.glob(os.path.join(path, "*.bin")))
     if not files:
-        files = sorted(glob.glob(os.path.join(path, "*.bin")))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors or *.bin weights in checkpoint folder {path!r}")
-        sd: dict[str, torch.Tensor] = {}
+        raise FileNotFoundError(f"no *.safetensors or *.bin weights in checkpoint folder {path!r}")
+    return files, False
+
+
+def read_hf_state_dict(path: str) -> dict[str, torch.Tensor]:
+    """All weights of a checkpoint folder: *.safetensors (sharded or not), else *.bin."""
+    files, safe = _weight_files(path)
+    sd: dict[str, torch.Tensor] = {}
+    if not safe:
         for f in files:
             sd.update(torch.load(f, map_location="cpu", weights_only=True))
         return sd
-    sd = {}
+    from safetensors.torch import load_file
+
     for f in files:
         sd.update(load_file(f, device="cpu"))
     return sd
+
+
+class CheckpointReader:
+    """A checkpoint folder's tensors, read whole or one slice at a time: safetensors files give
+    the bytes of a slice only; *.bin files are read whole, once. ``bytes_read`` counts what was
+    taken from the files."""
+
+    def __init__(self, path: str):
+        from safetensors import safe_open
+
+        files, safe = _weight_files(path)
+        self.bytes_read = 0
+        self.loaded: dict[str, torch.Tensor] = {} if safe else read_hf_state_dict(path)
+        self.handles = {f: safe_open(f, framework="pt", device="cpu") for f in files} if safe else {}
+        self.file_of = {name: f for f, h in self.handles.items() for name in h.keys()}
+
+    def names(self) -> list[str]:
+        return list(self.file_of or self.loaded)
+
+    def placeholder(self, name: str) -> torch.Tensor:
+        """A meta tensor of the stored shape and dtype (no bytes read)."""
+        if self.loaded:
+            return self.loaded[name].to("meta")
+        sl = self.handles[self.file_of[name]].get_slice(name)
+        return torch.empty(sl.get_shape(), dtype=_SAFETENSORS_DTYPES[sl.get_dtype()], device="meta")
+
+    def read(self, name: str, index: tuple[slice, ...] = ()) -> torch.Tensor:
+        if self.loaded:
+            t = self.loaded[name][index]
+        else:
+            sl = self.handles[self.file_of[name]].get_slice(name)
+            t = sl[index] if index else sl[:]
+        self.bytes_read += t.numel() * t.element_size()
+        return t
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _read_config(path: str, is_critic: bool) -> tuple[ReaLModelConfig, HFFamily, dict]:
+    import transformers
+
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_file):
+        raise FileNotFoundError(f"{path!r} is not a Hugging Face checkpoint folder (no config.json)")
+    with open(cfg_file) as f:
+        raw = json.load(f)
+    if CRITIC_MARKER in raw and not is_critic:
+        raise ValueError(f"{path!r} holds a critic (scalar head); load it with is_critic=True")
+    hf_cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    family = hf_family_for_model_type(hf_cfg.model_type)
+    cfg = family.config_from_hf(hf_cfg)
+    cfg.is_critic = is_critic
+    return cfg, family, raw
+
+
+def _saved_head(path: str, raw: dict) -> dict[str, torch.Tensor]:
+    """A saved critic's scalar head, as ``head.*`` entries (empty for an LM checkpoint)."""
+    if CRITIC_MARKER not in raw:
+        return {}
+    from safetensors.torch import load_file
+
+    head = load_file(os.path.join(path, raw[CRITIC_MARKER].get("head_file", CRITIC_HEAD_FILE)))
+    return {f"head.{k}": v for k, v in head.items()}
+
+
+def _check_loaded(
+    path: str, family: HFFamily, cfg: ReaLModelConfig, saved_critic: bool, missing, unexpected
+) -> None:
+    allowed = {"head.weight", "head.bias"} if (cfg.is_critic and not saved_critic) else set()
+    if cfg.tied_embedding and not cfg.is_critic:
+        allowed.add("head.weight")
+    missing = sorted(set(missing) - allowed)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {path!r} does not fit {family.name}: missing {missing}, unexpected {unexpected}"
+        )
 
 
 def load_pretrained(
@@ -76,27 +171,14 @@ def load_pretrained(
     attn_impl: str,
     device: torch.device | str | None,
     critic_head_init: str,
+    tp_mesh=None,
 ):
-    import transformers
-
-    cfg_file = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_file):
-        raise FileNotFoundError(f"{path!r} is not a Hugging Face checkpoint folder (no config.json)")
-    with open(cfg_file) as f:
-        raw = json.load(f)
-    saved_critic = CRITIC_MARKER in raw
-    if saved_critic and not is_critic:
-        raise ValueError(f"{path!r} holds a critic (scalar head); load it with is_critic=True")
-    hf_cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    family = hf_family_for_model_type(hf_cfg.model_type)
-    cfg = family.config_from_hf(hf_cfg)
-    cfg.is_critic = is_critic
+    """``tp_mesh``: split the model over it as it loads, each rank reading only its slices."""
+    cfg, family, raw = _read_config(path, is_critic)
+    if tp_mesh is not None and tp_mesh.size() > 1:
+        return _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh)
     sd = family.sd_from_hf(read_hf_state_dict(path), cfg)
-    if saved_critic:
-        from safetensors.torch import load_file
-
-        head = load_file(os.path.join(path, raw[CRITIC_MARKER].get("head_file", CRITIC_HEAD_FILE)))
-        sd.update({f"head.{k}": v for k, v in head.items()})
+    sd.update(_saved_head(path, raw))
     model = cls(
         cfg,
         dtype=dtype or torch.float32,
@@ -105,14 +187,87 @@ def load_pretrained(
         critic_head_init=critic_head_init,
     )
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    allowed = {"head.weight", "head.bias"} if (is_critic and not saved_critic) else set()
-    if cfg.tied_embedding and not is_critic:
-        allowed.add("head.weight")
-    missing = sorted(set(missing) - allowed)
-    if missing or unexpected:
-        raise ValueError(
-            f"checkpoint {path!r} does not fit {family.name}: missing {missing}, unexpected {unexpected}"
-        )
+    _check_loaded(path, family, cfg, CRITIC_MARKER in raw, missing, unexpected)
+    return model
+
+
+def _sources(reader: CheckpointReader, family: HFFamily, cfg: ReaLModelConfig) -> dict[str, object]:
+    """ReaL parameter name -> the checkpoint tensor it is (a name: read it slice by slice), or its
+    value (a whole tensor: the family transforms it, e.g. gpt2's fused, transposed projections).
+
+    Found by running the family's conversion on meta placeholders: an output that *is* an input is
+    a renamed tensor; the others are computed from the real tensors the renames did not take."""
+    placeholders = {name: reader.placeholder(name) for name in reader.names()}
+    converted = family.sd_from_hf(dict(placeholders), cfg)
+    by_id = {id(t): name for name, t in placeholders.items()}
+    sources: dict[str, object] = {k: by_id[id(v)] for k, v in converted.items() if id(v) in by_id}
+    if len(sources) < len(converted):
+        renamed = set(sources.values())
+        mixed = {n: (t if n in renamed else reader.read(n)) for n, t in placeholders.items()}
+        for k, v in family.sd_from_hf(mixed, cfg).items():
+            if k not in sources:
+                if v.is_meta:
+                    raise ValueError(f"{family.name}: cannot tell which checkpoint tensors make {k!r}")
+                sources[k] = v
+    return sources
+
+
+def _local_index(param: torch.Tensor) -> tuple[slice, ...]:
+    """The slice of the whole tensor this rank's shard of ``param`` holds ((): all of it)."""
+    from realrl.impl.model.parallel.dtensor import is_dtensor
+
+    if not is_dtensor(param):
+        return ()
+    index = [slice(None)] * param.dim()
+    for mesh_dim, placement in enumerate(param.placements):
+        if placement.is_shard():
+            d, n = placement.dim, param.device_mesh.size(mesh_dim)
+            size = param.shape[d] // n
+            rank = param.device_mesh.get_local_rank(mesh_dim)
+            index[d] = slice(rank * size, (rank + 1) * size)
+    return tuple(index)
+
+
+@torch.no_grad()
+def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh):
+    """Build on "meta", split over ``tp_mesh``, allocate this rank's shards on the mesh's device and
+    fill them from the checkpoint, reading each renamed tensor's slice only."""
+    from realrl.impl.model.modules.rotary import rotary_inv_freq
+    from realrl.impl.model.parallel.dtensor import local
+    from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel
+
+    model = cls(
+        cfg,
+        dtype=dtype or torch.float32,
+        device="meta",
+        attn_impl=attn_impl,
+        critic_head_init=critic_head_init,
+    )
+    apply_tensor_parallel(model, tp_mesh)
+    on_cpu = tp_mesh.device_type == "cpu"
+    model.to_empty(
+        device=torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
+    )
+    if cfg.tied_embedding and not cfg.is_critic:
+        model.head.weight = model.embed.wte.weight
+    reader = CheckpointReader(path)
+    sources = _sources(reader, family, cfg)
+    sources.update(_saved_head(path, raw))
+    missing = []
+    for name, param in model.named_parameters():
+        index, source = _local_index(param), sources.pop(name, None)
+        if source is None:
+            missing.append(name)
+            continue
+        value = reader.read(source, index) if isinstance(source, str) else source[index]
+        local(param).copy_(value)
+    unexpected = sorted(k for k in sources if k != "head.weight" or not cfg.tied_embedding)
+    _check_loaded(path, family, cfg, CRITIC_MARKER in raw, missing, unexpected)
+    if cfg.is_critic and CRITIC_MARKER not in raw:
+        model.reset_critic_head()
+    if model.rotary is not None:
+        model.rotary.inv_freq.copy_(rotary_inv_freq(cfg.head_dim, cfg.rotary_base, cfg.rotary_scaling))
+    model.checkpoint_bytes_read = reader.bytes_read
     return model
 
 

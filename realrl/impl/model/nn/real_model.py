@@ -39,11 +39,11 @@ class Embedding(nn.Module):
 
 
 @torch.no_grad()
-def init_critic_head(head: nn.Linear, mode: str = "reward") -> None:
+def init_critic_head(head: nn.Linear, mode: str = "reward", generator: torch.Generator | None = None) -> None:
     """Seed 002: reward head weight ~ N(0, std=1/sqrt(d_model+1)), bias 0 ("Reward head layer
     initialization"); "zeros" is the value-head option (N(0, 0) in "Value head layer initialization")."""
     if mode == "reward":
-        nn.init.normal_(head.weight, mean=0.0, std=1.0 / math.sqrt(head.in_features + 1))
+        nn.init.normal_(head.weight, mean=0.0, std=1.0 / math.sqrt(head.in_features + 1), generator=generator)
     elif mode == "zeros":
         nn.init.zeros_(head.weight)
     else:
@@ -66,6 +66,10 @@ class ReaLModel(nn.Module):
     ):
         super().__init__()
         self.config = config
+        # drawn first, so a critic's new head is the same however the model is built (on "meta",
+        # to be filled shard by shard, nothing else draws from the generator)
+        self.critic_head_seed = int(torch.randint(0, 2**62, (1,)))
+        self.critic_head_init = critic_head_init
         self.requested_attn_impl = attn_impl
         # re-resolved when inputs come on another device type or activations in another dtype
         self._attn_key = (torch.device(device or "cpu").type, dtype or torch.get_default_dtype())
@@ -83,9 +87,16 @@ class ReaLModel(nn.Module):
         )
         self._init_weights(initializer_range)
         if config.is_critic:
-            init_critic_head(self.head, critic_head_init)
+            self.reset_critic_head()
         elif config.tied_embedding:
             self.head.weight = self.embed.wte.weight
+
+    def reset_critic_head(self) -> None:
+        """A critic's new head from its own seed (nothing to do on "meta": no values yet)."""
+        device = self.head.weight.device
+        if device.type != "meta":
+            generator = torch.Generator(device=device).manual_seed(self.critic_head_seed)
+            init_critic_head(self.head, self.critic_head_init, generator)
 
     @torch.no_grad()
     def _init_weights(self, std: float) -> None:
@@ -221,10 +232,13 @@ class ReaLModel(nn.Module):
         attn_impl: str = "auto",
         device: torch.device | str | None = None,
         critic_head_init: str = "reward",
+        tp_mesh: Any = None,
     ) -> ReaLModel:
+        """``tp_mesh`` (a 1-D DeviceMesh): load split over it by tensor parallelism, each rank
+        reading only its slices of the checkpoint (safetensors) onto the mesh's device."""
         from realrl.impl.model.nn.hf_io import load_pretrained
 
-        return load_pretrained(cls, path, is_critic, dtype, attn_impl, device, critic_head_init)
+        return load_pretrained(cls, path, is_critic, dtype, attn_impl, device, critic_head_init, tp_mesh)
 
     def save_pretrained(
         self, save_dir: str, tokenizer: Any = None, state_dict: dict[str, torch.Tensor] | None = None
