@@ -196,10 +196,10 @@ class ModelWorker(WorkerBase):
         cfg = self.config
         for shard in sorted(cfg.shards, key=lambda s: s.role):
             # every rank starts from the same whole weights; a parallel backend keeps its part.
-            # A model over several ranks is built in host memory: splitting it moves it to the
-            # device a parameter (tensor parallelism) or a block (FSDP2) at a time and keeps this
-            # rank's shard, so a device never holds the whole model; the engine then moves what
-            # stayed whole (norms).
+            # A model over several ranks is built in host memory (a checkpoint under tensor
+            # parallelism is loaded split instead: the factory takes ``parallel``); splitting it
+            # moves it to the device a parameter (DTensor) or a block (FSDP2) at a time, so a
+            # device never holds the whole model; the engine then moves what stayed whole.
             seeding.set_random_seed(cfg.seed)
             parallel = self.parallel[shard.role]
             build_on = "cpu" if parallel.mesh is not None else cfg.device
