@@ -8,13 +8,11 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from _ranks import run_ranks
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.model_api import ReaLModelConfig
-from realrl.base.network import find_free_port
 from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.apply import parallelize
@@ -87,44 +85,37 @@ def step(e: TrainEngine, rank: int, i: int) -> dict:
     return e.train_batch(batch(rank, i), mbs, token_loss, n_tokens, version_steps=i)
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        parallel = build_contexts({"m": Placement(Layout(dp=2), (0, 1))}, rank, "cpu")["m"]
-        replicated, sharded = engine(parallel, False), engine(parallel, True)
-        result = {"diff": [], "grad_norm": [], "sharded_params": 0}
-        result["sharded_params"] = sum(p.to_local().numel() for p in sharded.module.parameters())
-        result["whole_params"] = sum(p.numel() for p in replicated.module.parameters())
-        ckpt = os.path.join(out_dir, "recover")
-        for i in range(STEPS):
-            if i == STEPS - 1:
-                sharded.save(ckpt, extra_state={"rank": rank})
-            a, b = step(replicated, rank, i), step(sharded, rank, i)
-            wa, wb = whole(replicated.module), whole(sharded.module)
-            result["diff"].append(max(float((wa[k] - wb[k]).abs().max()) for k in wa))
-            result["grad_norm"].append((a["grad_norm"], b["grad_norm"]))
-        resumed = engine(parallel, True)
-        result["extra"] = resumed.load(ckpt)
-        step(resumed, rank, STEPS - 1)
-        wr, wb = whole(resumed.module), whole(sharded.module)
-        result["resumed_equal"] = all(torch.equal(wr[k], wb[k]) for k in wb)
-        result["lr"] = (resumed.lr_scheduler.n_updates, sharded.lr_scheduler.n_updates)
-        sharded.save_pretrained(os.path.join(out_dir, "hf"))
-        probe = batch(0, 9).data["packed_input_ids"]
-        with torch.no_grad():
-            result["logits"] = replicated.module(probe, torch.tensor([0, len(probe)], dtype=torch.int32))
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def worker(rank: int, out_dir: str) -> dict:
+    parallel = build_contexts({"m": Placement(Layout(dp=2), (0, 1))}, rank, "cpu")["m"]
+    replicated, sharded = engine(parallel, False), engine(parallel, True)
+    result = {"diff": [], "grad_norm": [], "sharded_params": 0}
+    result["sharded_params"] = sum(p.to_local().numel() for p in sharded.module.parameters())
+    result["whole_params"] = sum(p.numel() for p in replicated.module.parameters())
+    ckpt = os.path.join(out_dir, "recover")
+    for i in range(STEPS):
+        if i == STEPS - 1:
+            sharded.save(ckpt, extra_state={"rank": rank})
+        a, b = step(replicated, rank, i), step(sharded, rank, i)
+        wa, wb = whole(replicated.module), whole(sharded.module)
+        result["diff"].append(max(float((wa[k] - wb[k]).abs().max()) for k in wa))
+        result["grad_norm"].append((a["grad_norm"], b["grad_norm"]))
+    resumed = engine(parallel, True)
+    result["extra"] = resumed.load(ckpt)
+    step(resumed, rank, STEPS - 1)
+    wr, wb = whole(resumed.module), whole(sharded.module)
+    result["resumed_equal"] = all(torch.equal(wr[k], wb[k]) for k in wb)
+    result["lr"] = (resumed.lr_scheduler.n_updates, sharded.lr_scheduler.n_updates)
+    sharded.save_pretrained(os.path.join(out_dir, "hf"))
+    probe = batch(0, 9).data["packed_input_ids"]
+    with torch.no_grad():
+        result["logits"] = replicated.module(probe, torch.tensor([0, len(probe)], dtype=torch.int32))
+    return result
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(worker, args=(find_free_port(), str(out)), nprocs=2, join=True)
-    return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return out, run_ranks(worker, out, str(out))
 
 
 def test_fsdp_steps_equal_the_replicated_engine(results):

@@ -13,16 +13,14 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "model"))
+from _ranks import run_ranks  # noqa: E402
 from model_fixtures import make_hf_model, packed  # noqa: E402
 
 from realrl.api.core.layout import Layout, Placement  # noqa: E402
 from realrl.api.core.layout_fit import check_tensor_parallel  # noqa: E402
 from realrl.api.core.model_api import GenerationHyperparameters, ReaLModelConfig  # noqa: E402
-from realrl.base.network import find_free_port  # noqa: E402
 from realrl.impl.model.nn.real_model import ReaLModel  # noqa: E402
 from realrl.impl.model.parallel.apply import parallelize  # noqa: E402
 from realrl.impl.model.parallel.dtensor import is_dtensor, local  # noqa: E402
@@ -127,22 +125,16 @@ def _compare_loaded_split(case: dict, parallel, result: dict) -> None:
     )
 
 
-def worker(rank: int, port: int, folder: str, out_dir: str) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        parallel = build_contexts({"m": Placement(Layout(1, 2, 1), (0, 1))}, rank, "cpu")["m"]
-        results = {}
-        for name, case in _cases(folder):
-            results[name] = {}
-            _compare(case, parallel, results[name])
-            if "path" in case:
-                results[name + "/loaded-split"] = {}
-                _compare_loaded_split(case, parallel, results[name + "/loaded-split"])
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def worker(rank: int, folder: str) -> dict:
+    parallel = build_contexts({"m": Placement(Layout(1, 2, 1), (0, 1))}, rank, "cpu")["m"]
+    results = {}
+    for name, case in _cases(folder):
+        results[name] = {}
+        _compare(case, parallel, results[name])
+        if "path" in case:
+            results[name + "/loaded-split"] = {}
+            _compare_loaded_split(case, parallel, results[name + "/loaded-split"])
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +142,7 @@ def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf")
     for kind in FAMILIES:
         make_hf_model(kind).save_pretrained(folder / kind)
-    out = tmp_path_factory.mktemp("tp")
-    mp.spawn(worker, args=(find_free_port(), str(folder), str(out)), nprocs=2, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return run_ranks(worker, tmp_path_factory.mktemp("tp"), str(folder))
 
 
 @pytest.mark.parametrize("name", [*FAMILIES, "llama-critic", "tied-split-vocab"])
