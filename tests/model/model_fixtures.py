@@ -114,20 +114,16 @@ def packed(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tenso
     return ids, cu
 
 
+def tiny_config(**fields) -> ReaLModelConfig:
+    """A 2-layer GQA config (4 query heads, 2 KV heads, vocab 64), ``fields`` changed."""
+    base = dict(n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=32, intermediate_dim=48, vocab_size=64)
+    return ReaLModelConfig(**{**base, **fields})
+
+
 @functools.cache
 def tiny_real_model(window: int | None = None, critic: bool = False, qk_norm: bool = False) -> ReaLModel:
     """A 2-layer GQA ReaLModel (vocab 64) in eval mode, built once per option set; a test that
     switches it to train mode switches it back."""
     torch.manual_seed(0)
-    cfg = ReaLModelConfig(
-        n_layers=2,
-        n_q_heads=4,
-        n_kv_heads=2,
-        hidden_dim=32,
-        intermediate_dim=48,
-        vocab_size=64,
-        sliding_window=window,
-        is_critic=critic,
-        qk_layernorm=qk_norm,
-    )
+    cfg = tiny_config(sliding_window=window, is_critic=critic, qk_layernorm=qk_norm)
     return ReaLModel(cfg).eval()

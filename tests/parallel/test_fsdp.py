@@ -9,25 +9,17 @@ import os
 import pytest
 import torch
 from _ranks import run_ranks
+from model_fixtures import tiny_config
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.layout import Layout, Placement
-from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.apply import parallelize
 from realrl.impl.model.parallel.dtensor import is_dtensor
 from realrl.impl.model.parallel.mesh import build_contexts
 
-CFG = ReaLModelConfig(
-    n_layers=2,
-    n_q_heads=4,
-    n_kv_heads=2,
-    hidden_dim=32,
-    intermediate_dim=48,
-    vocab_size=64,
-    hf_model_type="llama",
-)
+CFG = tiny_config(hf_model_type="llama")
 # the TensorFlow-style epsilon runs realrl's own AdamW on the shards (the PPO runtime test covers
 # torch's AdamW under FSDP); clipping, decay and a warmed-up cosine schedule act on every step
 OPT = OptimizerConfig(

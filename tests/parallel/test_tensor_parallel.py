@@ -9,37 +9,26 @@ All families run in one spawn: starting processes costs more than the models.
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
+from _ranks import run_ranks
+from model_fixtures import make_hf_model, packed, tiny_config
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "model"))
-from _ranks import run_ranks  # noqa: E402
-from model_fixtures import make_hf_model, packed  # noqa: E402
-
-from realrl.api.core.layout import Layout, Placement  # noqa: E402
-from realrl.api.core.layout_fit import check_tensor_parallel  # noqa: E402
-from realrl.api.core.model_api import GenerationHyperparameters, ReaLModelConfig  # noqa: E402
-from realrl.impl.model.nn.real_model import ReaLModel  # noqa: E402
-from realrl.impl.model.parallel.apply import parallelize  # noqa: E402
-from realrl.impl.model.parallel.dtensor import is_dtensor, local  # noqa: E402
-from realrl.impl.model.parallel.mesh import build_contexts  # noqa: E402
+from realrl.api.core.layout import Layout, Placement
+from realrl.api.core.layout_fit import check_tensor_parallel
+from realrl.api.core.model_api import GenerationHyperparameters, ReaLModelConfig
+from realrl.impl.model.nn.real_model import ReaLModel
+from realrl.impl.model.parallel.apply import parallelize
+from realrl.impl.model.parallel.dtensor import is_dtensor, local
+from realrl.impl.model.parallel.mesh import build_contexts
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gpt2"]
 LENGTHS = [7, 3, 11]
 PROMPTS = [5, 2, 8]
 EOS = 1
 # a vocabulary that splits over two ranks (the fixtures' 97 does not): embedding and head sharded
-SPLIT_VOCAB = ReaLModelConfig(
-    n_layers=2,
-    n_q_heads=4,
-    n_kv_heads=2,
-    hidden_dim=32,
-    intermediate_dim=48,
-    vocab_size=64,
-    tied_embedding=True,
-)
+SPLIT_VOCAB = tiny_config(tied_embedding=True)
 
 
 def _cases(folder: str) -> list[tuple[str, dict]]:
