@@ -25,6 +25,7 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ModelWorkerConfig
 from realrl.base import host_memory, logging, network, seeding
 from realrl.base.name_resolve import NameRecordRepository
+from realrl.impl.model.backend import dp
 from realrl.impl.model.parallel.mesh import ParallelContext, build_contexts
 from realrl.system import checkpointing, names
 from realrl.system.data_transfer import TensorStore, run_transfers
@@ -177,19 +178,30 @@ class ModelWorker(WorkerBase):
         return SetupReply(len(dataset))
 
     def _load_eval_data(self) -> None:
-        """Each dp rank of a trained model keeps its shard of the evaluation sets, in batches."""
+        """Each dp rank of a trained model keeps its shard of the evaluation sets, in batches.
+
+        Every dp rank holds the same number of batches (the most any rank needs, agreed over the
+        dp group; shards differ by one sample at most): a sharded (FSDP) model gathers weights
+        collectively in each forward, so its ranks must run evaluation in lockstep."""
         cfg = self.config
         trained = {m.role for m in cfg.mfcs if m.interface_type is ModelInterfaceType.TRAIN_STEP}
-        for shard in cfg.shards:
+        for shard in sorted(cfg.shards, key=lambda s: s.role):
             if shard.role not in trained or not cfg.eval_datasets:
                 continue
             samples = []
             for d in cfg.eval_datasets:
                 dataset = data_api.make_dataset(d, cfg.seed, shard.dp_rank, shard.dp_size, self.tokenizer)
                 samples += [dataset[i] for i in range(len(dataset))]
-            n = cfg.eval_batch_size
+            n_batches = -(-len(samples) // cfg.eval_batch_size)
+            n_batches = dp.all_reduce_max(n_batches, self.parallel[shard.role].dp_group)
+            if len(samples) < n_batches:
+                raise ValueError(
+                    f"model {shard.role!r}: dp rank {shard.dp_rank} holds {len(samples)} evaluation samples, "
+                    f"fewer than the {n_batches} batches every dp rank runs; raise eval_batch_size"
+                )
+            bounds = [i * len(samples) // n_batches for i in range(n_batches + 1)]
             self.eval_batches[shard.role] = [
-                SequenceSample.gather(samples[i : i + n]) for i in range(0, len(samples), n)
+                SequenceSample.gather(samples[a:b]) for a, b in zip(bounds, bounds[1:])
             ]
 
     def initialize(self, req: InitializeRequest) -> None:

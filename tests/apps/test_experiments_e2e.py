@@ -80,6 +80,25 @@ def test_ppo_default_writes_the_toy_summary(fileroot):
     assert "actor_train/task_reward" in on_disk and "critic_train/critic_loss" in on_disk
 
 
+def test_sft_with_fsdp_over_two_workers_evaluates_and_saves_a_whole_model(fileroot):
+    cfg, summary = run("sft", fileroot, "allocation_mode=d2", "model.engine.fsdp=true", "trial_name=fsdp")
+    assert assert_run_outputs(cfg.run_dir)["steps"] == 2
+    assert summary["trainDefault/eval_loss"] > 0  # both ranks evaluated their shards in lockstep
+    final = os.path.join(cfg.run_dir, "checkpoints", "default", "final")
+    weights = load_file(os.path.join(final, "model.safetensors"))
+    assert weights["model.embed_tokens.weight"].shape[0] > 0  # gathered whole, not a shard
+    reference = load_file(
+        os.path.join(
+            build_config("sft", [f"fileroot={fileroot}", *SHORT]).run_dir,
+            "checkpoints",
+            "default",
+            "final",
+            "model.safetensors",
+        )
+    )
+    assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in reference.items()}
+
+
 def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fileroot):
     """The toy PPO with actor and critic split over two workers (loaded split from the SFT and
     reward checkpoints) against the run above on one worker."""
