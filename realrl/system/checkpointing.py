@@ -67,7 +67,7 @@ def _engine(model: Model, role: str):
 
 
 def save_recover(model: Model, role: str, interfaces: dict[str, ModelInterface], path: str) -> None:
-    """Collective over the model's dp group (every rank calls it)."""
+    """Collective over every rank of the model (each writes its own part)."""
     extra = {
         "version": dataclasses.asdict(model.version),
         "interfaces": {n: i.state_dict() for n, i in interfaces.items() if hasattr(i, "state_dict")},

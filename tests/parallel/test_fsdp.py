@@ -97,10 +97,12 @@ def worker(rank: int, out_dir: str) -> dict:
     wr, wb = whole(resumed.module), whole(sharded.module)
     result["resumed_equal"] = all(torch.equal(wr[k], wb[k]) for k in wb)
     result["lr"] = (resumed.lr_scheduler.n_updates, sharded.lr_scheduler.n_updates)
-    sharded.save_pretrained(os.path.join(out_dir, "hf"))
+    # collective; each rank names its own folder, so the parent sees which ranks wrote
+    sharded.save_pretrained(os.path.join(out_dir, f"hf{rank}"))
+    result["gathered"] = whole(sharded.module)
     probe = batch(0, 9).data["packed_input_ids"]
-    with torch.no_grad():
-        result["logits"] = replicated.module(probe, torch.tensor([0, len(probe)], dtype=torch.int32))
+    with torch.no_grad():  # the sharded module's own forward (each block gathered by FSDP)
+        result["logits"] = sharded.module(probe, torch.tensor([0, len(probe)], dtype=torch.int32))
     return result
 
 
@@ -132,9 +134,15 @@ def test_fsdp_hf_export_is_one_ordinary_folder(results):
     from transformers import AutoModelForCausalLM
 
     out, ranks = results
-    hf = AutoModelForCausalLM.from_pretrained(out / "hf").eval()
-    ids = torch.load(out / "rank0.pt", weights_only=False)["logits"]
+    assert os.path.isdir(out / "hf0") and not (out / "hf1").exists()  # only model rank 0 writes
+    # the export holds the gathered weights bit for bit
+    reloaded = ReaLModel.from_pretrained(str(out / "hf0")).state_dict()
+    gathered = ranks[0]["gathered"]
+    assert sorted(reloaded) == sorted(gathered)
+    assert all(torch.equal(reloaded[k], gathered[k]) for k in gathered)
+    # and transformers reads it as an ordinary checkpoint with the sharded model's logits
+    hf = AutoModelForCausalLM.from_pretrained(out / "hf0").eval()
     with torch.no_grad():
         got = hf(batch(0, 9).data["packed_input_ids"][None]).logits[0]
-    # the export holds the sharded engine's weights, equal to the replicated engine's
-    torch.testing.assert_close(got, ids, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, ranks[0]["logits"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ranks[1]["logits"], ranks[0]["logits"], rtol=0, atol=0)
