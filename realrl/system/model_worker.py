@@ -156,7 +156,9 @@ class ModelWorker(WorkerBase):
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL and the engines use this worker's own GPU
         self._init_process_group()
-        self.parallel = build_contexts(req.placements, cfg.worker_index, device.type)
+        self.parallel = build_contexts(
+            req.placements, cfg.worker_index, device.type, datetime.timedelta(seconds=self.timeouts.transfer)
+        )
         if cfg.tokenizer_path:
             self.tokenizer = data_api.load_hf_tokenizer(cfg.tokenizer_path)
         self._load_eval_data()

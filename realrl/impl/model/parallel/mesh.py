@@ -8,6 +8,7 @@ collective over all workers), and keeps the ones it belongs to. The mesh is 2-D,
 from __future__ import annotations
 
 import dataclasses
+import datetime
 
 import torch
 import torch.distributed as dist
@@ -61,6 +62,7 @@ class ParallelContext:
 
     @property
     def model_rank(self) -> int:
+        """This worker's rank among all ranks of the model (in worker order)."""
         return 0 if self.model_group is None else dist.get_rank(self.model_group)
 
     @property
@@ -69,11 +71,17 @@ class ParallelContext:
         return self.model_rank == 0
 
 
-def build_contexts(placements: dict[str, Placement], me: int, device_type: str) -> dict[str, ParallelContext]:
+def build_contexts(
+    placements: dict[str, Placement],
+    me: int,
+    device_type: str,
+    timeout: datetime.timedelta | None = None,
+) -> dict[str, ParallelContext]:
     """The ``ParallelContext`` of every model this worker (``me``) holds a rank of.
 
     Collective over every worker: each calls it with the same ``placements`` (creating a process
-    group is), so all create the same groups in the same order.
+    group is), so all create the same groups in the same order. Every group gets ``timeout``
+    (default: torch's), so a collective whose partner is gone fails instead of waiting on.
     """
     out = {}
     for role, placement in sorted(placements.items()):
@@ -86,9 +94,14 @@ def build_contexts(placements: dict[str, Placement], me: int, device_type: str) 
             if me in placement.workers:
                 out[role] = ParallelContext(lay, None, None)
             continue
-        group = dist.new_group(sorted(placement.workers))
         grid = torch.tensor(placement.workers, dtype=torch.long).view(lay.dp, lay.tp)
-        mesh = DeviceMesh(device_type, grid, mesh_dim_names=("dp", "tp"))
+        group = dist.new_group(sorted(placement.workers), timeout=timeout)
+        dp_groups = [dist.new_group(grid[:, t].tolist(), timeout=timeout) for t in range(lay.tp)]
+        tp_groups = [dist.new_group(grid[d, :].tolist(), timeout=timeout) for d in range(lay.dp)]
         if me in placement.workers:
+            _, d, t = placement.coords_of(me)
+            mesh = DeviceMesh.from_group(
+                [dp_groups[t], tp_groups[d]], device_type, mesh=grid, mesh_dim_names=("dp", "tp")
+            )
             out[role] = ParallelContext(lay, mesh, group)
     return out
