@@ -3,6 +3,7 @@ what each returns."""
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable
 from typing import Any
@@ -13,11 +14,17 @@ import torch.multiprocessing as mp
 
 from realrl.base.network import find_free_port
 
+# every group of a test: a collective that one rank never joins (ranks out of lockstep) fails
+# after this instead of hanging the suite
+TIMEOUT = datetime.timedelta(seconds=60)
+
 
 def _entry(rank: int, fn: Callable, port: int, n: int, out_dir: str, args: tuple) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n, timeout=TIMEOUT
+    )
     try:
         torch.save(fn(rank, *args), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:

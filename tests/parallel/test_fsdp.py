@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from _ranks import run_ranks
+from _ranks import TIMEOUT, run_ranks
 from model_fixtures import tiny_config
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
@@ -78,7 +78,7 @@ def step(e: TrainEngine, rank: int, i: int) -> dict:
 
 
 def worker(rank: int, out_dir: str) -> dict:
-    parallel = build_contexts({"m": Placement(Layout(dp=2), (0, 1))}, rank, "cpu")["m"]
+    parallel = build_contexts({"m": Placement(Layout(dp=2), (0, 1))}, rank, "cpu", TIMEOUT)["m"]
     replicated, sharded = engine(parallel, False), engine(parallel, True)
     result = {"diff": [], "grad_norm": [], "sharded_params": 0}
     result["sharded_params"] = sum(p.to_local().numel() for p in sharded.module.parameters())

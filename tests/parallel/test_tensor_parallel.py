@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from _ranks import run_ranks
+from _ranks import TIMEOUT, run_ranks
 from model_fixtures import make_hf_model, packed, tiny_config
 
 from realrl.api.core.layout import Layout, Placement
@@ -117,7 +117,7 @@ def _compare_loaded_split(case: dict, parallel, result: dict) -> None:
 
 
 def worker(rank: int, folder: str) -> dict:
-    parallel = build_contexts({"m": Placement(Layout(1, 2, 1), (0, 1))}, rank, "cpu")["m"]
+    parallel = build_contexts({"m": Placement(Layout(1, 2, 1), (0, 1))}, rank, "cpu", TIMEOUT)["m"]
     results = {}
     for name, case in _cases(folder):
         results[name] = {}
