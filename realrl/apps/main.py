@@ -65,7 +65,7 @@ def run_experiment(
     ``warm_next``: start as many again for a run that follows."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    check_layouts(config.layouts, _split_models(config))
+    check_layouts(_role_layouts(config), _split_models(config))
     os.makedirs(config.log_dir, exist_ok=True)
     secret = secrets.token_bytes(32)
     if mode == "local":
@@ -113,13 +113,21 @@ def run_experiment(
         log_handler.close()
 
 
+def _role_layouts(config: ExperimentConfig) -> dict[str, list]:
+    """Every layout a role runs in: its home's, then its calls' copies'."""
+    return {
+        role: [config.placement(role).layout, *(p.layout for p in config.copy_placements(role))]
+        for role in config.allocations
+    }
+
+
 def _split_models(config: ExperimentConfig) -> dict:
-    """The architecture of every ReaLModel role that tensor parallelism splits (read from its
-    config or its checkpoint's config.json, no weights)."""
+    """The architecture of every ReaLModel role that tensor parallelism splits in some layout
+    (read from its config or its checkpoint's config.json, no weights)."""
     return {
         role: model_config(config.models[role])
-        for role, layout in config.layouts.items()
-        if layout.tp > 1 and config.models[role].model.type_ == "real_model"
+        for role, layouts in _role_layouts(config).items()
+        if any(lay.tp > 1 for lay in layouts) and config.models[role].model.type_ == "real_model"
     }
 
 

@@ -30,6 +30,7 @@ class ModelTrainEvalConfig:
     max_tokens_per_mb: int | None = None  # token budget of one micro-batch
     attn_impl: str = "auto"  # auto | flash_attn | torch_varlen | sdpa
     offload: bool = False  # a frozen model (ref, reward): host memory between its calls
+    keep_gen_copy: bool = False  # a call in another layout keeps its copy of the weights between calls
 
     def __post_init__(self) -> None:
         MicroBatchSpec(self.n_mbs, self.max_tokens_per_mb)  # validates
@@ -108,14 +109,16 @@ def experiment_config(
 ) -> ExperimentConfig:
     """The runtime's ExperimentConfig from the common options, the graph and the models."""
     ctrl = common.exp_ctrl
-    placements = parse_allocation(common.allocation_mode, mfcs, common.manual, common.manual_layouts)
+    allocation = parse_allocation(common.allocation_mode, mfcs, common.manual, common.manual_layouts)
+    homes = allocation.homes
     return ExperimentConfig(
         experiment_name=common.experiment_name,
         trial_name=common.trial_name,
         mfcs=mfcs,
         models=models,
-        allocations={role: list(p.workers) for role, p in placements.items()},
-        layouts={role: p.layout for role, p in placements.items()},
+        allocations={role: list(p.workers) for role, p in homes.items()},
+        layouts={role: p.layout for role, p in homes.items()},
+        mfc_placements={m.name: p for m in mfcs if (p := allocation.calls[m.name]) != homes[m.role]},
         datasets=datasets,
         tokenizer_path=tokenizer_path,
         fileroot=common.fileroot,

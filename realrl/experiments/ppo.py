@@ -165,7 +165,9 @@ class PPOConfig(CommonExperimentConfig):
         critic = dataclasses.replace(self.critic, path=critic_path)
         models = {
             "actor": ModelSpec(
-                actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True, key="actor")
+                actor.model(False, tokenizer_path=tokenizer),
+                actor.backend(trainable=True, key="actor"),
+                keep_gen_copy=actor.keep_gen_copy,
             ),
             "ref": ModelSpec(ref.model(False, tokenizer_path=tokenizer), ref.backend(trainable=False)),
             "reward": reward_spec,
@@ -174,6 +176,7 @@ class PPOConfig(CommonExperimentConfig):
             models["critic"] = ModelSpec(
                 critic.model(True, tokenizer_path=tokenizer, critic_head_init=self.critic_head_init),
                 critic.backend(trainable=True, key="critic"),
+                keep_gen_copy=critic.keep_gen_copy,
             )
         mb_specs = {
             "actor_gen": self.actor.mb_spec(),

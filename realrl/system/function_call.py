@@ -21,11 +21,21 @@ from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.dfg import MFCDef
 from realrl.api.core.system_api import model_worker_name
 from realrl.system.buffer import SampleBuffer
+from realrl.system.copies import CopyPlan
 from realrl.system.data_transfer import plan_transfers
-from realrl.system.protocol import MFCCall, MFCReply, MFCRequest
+from realrl.system.protocol import MFCCall, MFCReply, MFCRequest, ReallocOrder
 from realrl.system.request_reply_stream import MasterStream, wait_replies
 
 TAG_MODULUS = 2**30
+
+
+@dataclasses.dataclass
+class ReallocResult:
+    """One reallocation as the run's statistics show it."""
+
+    move: str  # "<home placement> -> <copy placement>"
+    bytes: int  # received, summed over the workers
+    seconds: float  # the slowest worker's
 
 
 @dataclasses.dataclass
@@ -34,6 +44,7 @@ class CallResult:
     stats: dict[str, float]
     seconds: float
     n_tokens: int
+    realloc: ReallocResult | None = None
 
 
 class TagCounter:
@@ -56,6 +67,7 @@ class PostedCall:
     futures: dict[int, asyncio.Future]
     n_tokens: int
     tik: float
+    realloc: ReallocOrder | None = None
 
 
 def post_call(
@@ -66,13 +78,21 @@ def post_call(
     buffer: SampleBuffer,
     stream: MasterStream,
     tags: TagCounter,
+    copy: CopyPlan | None = None,
 ) -> PostedCall:
     """Post ``mfc`` on ``ids`` (already taken from the buffer) to every worker of each of its dp
-    ranks (``replicas[d]``), in one synchronous burst; nothing is awaited."""
+    ranks (``replicas[d]``), in one synchronous burst; nothing is awaited. ``copy``: the call
+    runs on a copy of its model, filled from home first when ``copy.realloc``."""
     tik = time.monotonic()
     meta = buffer.gather_meta(ids, mfc.input_keys)
     parts = meta.split(MicroBatchSpec(n_mbs=len(replicas)))  # token-balanced, contiguous
     requests: dict[int, MFCRequest] = {}
+    order = None
+    if copy is not None and copy.realloc:
+        order = ReallocOrder(copy.role, copy.home, copy.placement, tags.next)
+        tags.take(order.n_tags)
+        for w in order.workers:
+            requests[w] = MFCRequest([], realloc=order)
     for dp_rank, (workers, part) in enumerate(zip(replicas, parts)):
         for w in workers:
             pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
@@ -80,9 +100,12 @@ def post_call(
             for p in pieces:
                 requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
             requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
-            requests[w].call = MFCCall(mfc.name, step, dp_rank, part)
+            requests[w].call = MFCCall(
+                mfc.name, step, dp_rank, part, copy and copy.name, bool(copy and copy.drop)
+            )
     futures = {w: stream.post(model_worker_name(w), "mfc", req) for w, req in sorted(requests.items())}
-    return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, sum(meta.token_counts()), tik)
+    n_tokens = sum(meta.token_counts())
+    return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, n_tokens, tik, order)
 
 
 async def finish_call(mfc: MFCDef, posted: PostedCall, buffer: SampleBuffer, timeout: float) -> CallResult:
@@ -108,6 +131,18 @@ async def finish_call(mfc: MFCDef, posted: PostedCall, buffer: SampleBuffer, tim
         stats={k: sum(v) / len(v) for k, v in stats.items()},  # mean over dp ranks
         seconds=max(worker_seconds) if worker_seconds else time.monotonic() - posted.tik,
         n_tokens=posted.n_tokens,
+        realloc=_realloc_result(posted.realloc, replies),
+    )
+
+
+def _realloc_result(order: ReallocOrder | None, replies: dict[int, MFCReply]) -> ReallocResult | None:
+    if order is None:
+        return None
+    reports = [replies[w].realloc or {} for w in order.workers]
+    return ReallocResult(
+        move=f"{order.src} -> {order.dst}",
+        bytes=int(sum(r.get("bytes_received", 0) for r in reports)),
+        seconds=max((r.get("seconds", 0.0) for r in reports), default=0.0),
     )
 
 

@@ -21,7 +21,16 @@ from realrl.api.core.system_api import ExperimentConfig, model_worker_name
 from realrl.base import logging
 from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
-from realrl.system.function_call import PostedCall, TagCounter, finish_call, post_all, post_call, run_guarded
+from realrl.system.copies import CopyTracker
+from realrl.system.function_call import (
+    CallResult,
+    PostedCall,
+    TagCounter,
+    finish_call,
+    post_all,
+    post_call,
+    run_guarded,
+)
 from realrl.system.protocol import (
     EvaluateRequest,
     FetchRequest,
@@ -77,6 +86,7 @@ class MasterWorker:
         self.buffer = SampleBuffer(m.name for m in config.mfcs)
         self.progress = Progress([m.name for m in config.mfcs])
         self.tags = TagCounter()
+        self.copies = CopyTracker(config)
         self.records: dict[int, dict] = {}
         self.stats: list[dict] = []  # one finished record per step, in order
         self.total_steps = 0
@@ -114,7 +124,7 @@ class MasterWorker:
         logger.info("all %d model workers connected", len(self.workers))
         replies = await post_all(
             self.stream,
-            dict.fromkeys(self.workers, SetupRequest({r: cfg.placement(r) for r in cfg.allocations})),
+            dict.fromkeys(self.workers, SetupRequest(cfg.mesh_placements())),
             "setup",
             t.setup,
         )
@@ -230,7 +240,7 @@ class MasterWorker:
             for m in cfg.mfcs
             if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
         ]
-        replicas = cfg.placement(mfc.role).replicas()
+        replicas = cfg.call_placement(mfc.name).replicas()
         pending: tuple[int, PostedCall] | None = None
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
@@ -243,7 +253,8 @@ class MasterWorker:
             if ids is None:
                 await self.progress.wait_for(lambda s=step: self._version_ready(mfc, s, trains))
                 ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
-            posted = post_call(mfc, step, ids, replicas, self.buffer, self.stream, self.tags)
+            copy = self.copies.plan(mfc)
+            posted = post_call(mfc, step, ids, replicas, self.buffer, self.stream, self.tags, copy)
             if pending is not None:
                 await self._finish(mfc, *pending, clears)
             pending = (step, posted)
@@ -314,6 +325,7 @@ class MasterWorker:
         record = self.records[step]
         record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
         record["timing"][mfc.name] = round(result.seconds, 4)
+        _record_realloc(record, mfc.role, result)
         self.progress.calls_done[mfc.name] += 1
         self._maybe_finish_step(step)
         self.progress.notify()
@@ -398,6 +410,21 @@ class MasterWorker:
         for f in futures:
             if f.done() and not f.cancelled():
                 f.exception()
+
+
+def _record_realloc(record: dict, role: str, result: CallResult) -> None:
+    """A step's reallocations of ``role`` under ``realloc/<role>/...``: bytes received (all
+    workers), seconds (the slowest worker, summed over the step's moves), count and moves."""
+    moved = result.realloc
+    if moved is None:
+        return
+    prefix = f"realloc/{role}"
+    record[f"{prefix}/bytes"] = record.get(f"{prefix}/bytes", 0.0) + float(moved.bytes)
+    record[f"{prefix}/seconds"] = round(record.get(f"{prefix}/seconds", 0.0) + moved.seconds, 4)
+    record[f"{prefix}/count"] = record.get(f"{prefix}/count", 0.0) + 1.0
+    moves = record.get(f"{prefix}/moves")
+    record[f"{prefix}/moves"] = moved.move if moves is None else f"{moves}; {moved.move}"
+    record["timing"][prefix] = record[f"{prefix}/seconds"]
 
 
 def _brief(record: dict) -> str:

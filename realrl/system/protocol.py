@@ -12,7 +12,8 @@ from realrl.system.data_transfer import TransferPiece
 
 @dataclasses.dataclass
 class SetupRequest:
-    placements: dict[str, Placement]  # every model's layout and workers: all workers build every mesh
+    # every layout of every model (homes by role, copies by ``copy_name``): all workers build every mesh
+    placements: dict[str, Placement]
 
 
 @dataclasses.dataclass
@@ -66,20 +67,46 @@ class FetchReply:
 
 @dataclasses.dataclass
 class MFCCall:
-    """Run ``mfc`` on ``input_meta`` (graph key names; this worker's dp share) at ``step``."""
+    """Run ``mfc`` on ``input_meta`` (graph key names; this worker's dp share) at ``step``.
+
+    ``copy``: the name of the model's copy the call runs on (None: its home); ``drop_copy``: free
+    that copy after the call (unless the role keeps it)."""
 
     mfc: str
     step: int
     dp_rank: int
     input_meta: SequenceSample
+    copy: str | None = None
+    drop_copy: bool = False
+
+
+@dataclasses.dataclass
+class ReallocOrder:
+    """Bring ``role``'s weights from its home (``src``) to its copy in ``dst`` before the call;
+    every worker of either placement takes part. Point-to-point tags start at ``first_tag``."""
+
+    role: str
+    src: Placement
+    dst: Placement
+    first_tag: int
+
+    @property
+    def workers(self) -> list[int]:
+        return sorted({*self.src.workers, *self.dst.workers})
+
+    @property
+    def n_tags(self) -> int:
+        return len(self.src.workers) * len(self.dst.workers)
 
 
 @dataclasses.dataclass
 class MFCRequest:
-    """One worker's part of one call: tensors to send and receive, then maybe a computation."""
+    """One worker's part of one call: a reallocation to take part in, tensors to send and
+    receive, then maybe a computation (in that order)."""
 
     pieces: list[TransferPiece]
     call: MFCCall | None = None
+    realloc: ReallocOrder | None = None
 
 
 @dataclasses.dataclass
@@ -87,3 +114,4 @@ class MFCReply:
     meta: SequenceSample | None = None  # produced keys (graph names), metadata only
     stats: dict[str, float] | None = None
     seconds: float | None = None  # the worker's own time on the call (transfers + compute)
+    realloc: dict[str, float] | None = None  # bytes_sent, bytes_received, seconds of its reallocation

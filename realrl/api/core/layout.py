@@ -95,3 +95,7 @@ class Placement:
 
     def coords_of(self, worker: int) -> tuple[int, int, int]:
         return self.layout.coords(self.workers.index(worker))
+
+    def __str__(self) -> str:
+        """``d2m1p1@2,3``: the layout and its workers, rank by rank."""
+        return f"{self.layout}@{','.join(map(str, self.workers))}"

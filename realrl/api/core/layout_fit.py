@@ -28,9 +28,10 @@ def check_tensor_parallel(cfg: ReaLModelConfig, tp: int, where: str) -> None:
             )
 
 
-def check_layouts(layouts: Mapping[str, Layout], configs: Mapping[str, ReaLModelConfig | None]) -> None:
-    """Every role's layout against its architecture (``configs[role]``; None: not a ReaLModel)."""
-    for role, layout in sorted(layouts.items()):
+def check_layouts(layouts: Mapping[str, list[Layout]], configs: Mapping[str, ReaLModelConfig | None]) -> None:
+    """Every layout of every role (its home and its calls' copies) against its architecture
+    (``configs[role]``; None: not a ReaLModel)."""
+    for role, role_layouts in sorted(layouts.items()):
         cfg = configs.get(role)
-        if cfg is not None:
+        for layout in role_layouts if cfg is not None else ():
             check_tensor_parallel(cfg, layout.tp, f"model {role!r} in layout {layout}")

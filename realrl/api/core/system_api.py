@@ -55,6 +55,8 @@ class ModelSpec:
         default_factory=lambda: ModelBackendAbstraction("inference")
     )
 
+    keep_gen_copy: bool = False  # keep a copy in another call's layout between its calls (memory allowing)
+
     @property
     def offload(self) -> bool:
         """A frozen model kept in host memory between its calls (the inference backend's option)."""
@@ -106,7 +108,8 @@ class ModelWorkerConfig:
     trial_name: str
     run_dir: str
     seed: int
-    shards: list[ModelShardSpec]
+    shards: list[ModelShardSpec]  # the home ranks this worker holds (weights, optimizer)
+    copies: list[ModelShardSpec]  # ranks of calls in another layout than their model's home
     mfcs: list[MFCDef]  # the calls this worker may run (for remaps, types, micro-batch specs)
     interfaces: dict[str, ModelInterfaceAbstraction]  # mfc name -> interface, for mfcs on this worker
     datasets: list[DatasetAbstraction]
@@ -133,14 +136,21 @@ def model_worker_name(index: int) -> str:
     return f"model_worker/{index}"
 
 
+def copy_name(role: str, placement: Placement) -> str:
+    """The name of ``role``'s copy in ``placement`` (its mesh and its weights on a worker)."""
+    return f"{role} {placement}"
+
+
 @dataclasses.dataclass
 class ExperimentConfig:
     """A run: the graph, the models and where they live, the data, the schedule, the run folder.
 
-    ``allocations[role]`` lists the worker of each rank of ``role``'s layout (``layouts[role]``,
+    ``allocations[role]`` lists the worker of each rank of ``role``'s home layout (``layouts[role]``,
     default: data parallelism over the listed workers): ``[0, 1]`` with ``d2m1p1`` is a model
     with dp size 2 on workers 0 and 1, with ``d1m2p1`` one replica split over both. Several roles
-    may share a worker.
+    may share a worker. The home holds the weights (and the optimizer state of a trained model);
+    ``mfc_placements[name]`` runs one call elsewhere, on a copy of the weights moved there before
+    the call (parameter reallocation).
     ``import_modules`` are imported by every worker before building anything (module names or
     ``.py`` paths), so plugins registered there (interfaces, datasets, models) are found.
     """
@@ -152,6 +162,7 @@ class ExperimentConfig:
     allocations: dict[str, list[int]]
     datasets: list[DatasetAbstraction]
     layouts: dict[str, Layout] = dataclasses.field(default_factory=dict)  # default: d<len(workers)>
+    mfc_placements: dict[str, Placement] = dataclasses.field(default_factory=dict)  # default: home
     n_model_workers: int | None = None  # default: 1 + the largest allocated worker index
     tokenizer_path: str | None = None
     fileroot: str = "/tmp/realrl"
@@ -179,12 +190,12 @@ class ExperimentConfig:
             value = getattr(self, name)
             if not value or "/" in value:
                 raise ValueError(f"ExperimentConfig.{name} must be non-empty without '/', got {value!r}")
-        if self.n_model_workers is None:
-            self.n_model_workers = 1 + max((w for ws in self.allocations.values() for w in ws), default=0)
         self.allocations = {role: list(ws) for role, ws in self.allocations.items()}
         self.layouts = {
             role: self.layouts.get(role) or Layout(dp=len(ws)) for role, ws in self.allocations.items()
         }
+        if self.n_model_workers is None:
+            self.n_model_workers = 1 + max((w for ws in self._used_workers() for w in ws), default=0)
         self.validate()
 
     # -- derived -----------------------------------------------------------------------------
@@ -212,7 +223,34 @@ class ExperimentConfig:
         return self.data_owner or self.source_mfcs()[0].role
 
     def placement(self, role: str) -> Placement:
+        """``role``'s home: where its weights (and optimizer state) live."""
         return Placement(self.layouts[role], tuple(self.allocations[role]))
+
+    def call_placement(self, mfc_name: str) -> Placement:
+        """Where the MFC ``mfc_name`` runs: its own placement, else its model's home."""
+        if mfc_name in self.mfc_placements:
+            return self.mfc_placements[mfc_name]
+        return self.placement(next(m.role for m in self.mfcs if m.name == mfc_name))
+
+    def copy_placements(self, role: str) -> list[Placement]:
+        """The placements other than home where calls of ``role`` run, in graph order."""
+        home, out = self.placement(role), []
+        for m in self.mfcs:
+            p = self.call_placement(m.name)
+            if m.role == role and p != home and p not in out:
+                out.append(p)
+        return out
+
+    def mesh_placements(self) -> dict[str, Placement]:
+        """Every placement a model is laid out in, by name (``copy_name`` for copies): the meshes
+        every worker builds at setup, in one order."""
+        out = {role: self.placement(role) for role in self.allocations}
+        for role in self.allocations:
+            out.update({copy_name(role, p): p for p in self.copy_placements(role)})
+        return out
+
+    def _used_workers(self) -> list[list[int]]:
+        return [*self.allocations.values(), *(list(p.workers) for p in self.mfc_placements.values())]
 
     def data_workers(self) -> list[int]:
         """The workers that load the dataset: one per data-parallel rank of the owner role."""
@@ -263,30 +301,42 @@ class ExperimentConfig:
             if not workers:
                 raise ValueError(f"allocations[{role!r}] is empty: a model needs at least one worker")
             try:
-                self.placement(role)
+                placement = self.placement(role)
             except ValueError as e:
                 raise ValueError(f"model {role!r}: {e}") from None
-            if self.layouts[role].pp > 1:
+            self._check_placement(f"model {role!r}", placement, f"allocations[{role!r}]")
+        for name, placement in self.mfc_placements.items():
+            mfc = next((m for m in self.mfcs if m.name == name), None)
+            if mfc is None:
+                raise ValueError(f"mfc_placements names {name!r}, not an MFC of the graph")
+            self._check_placement(f"MFC {name!r}", placement)
+            if mfc.interface_type is ModelInterfaceType.TRAIN_STEP and placement != self.placement(mfc.role):
                 raise ValueError(
-                    f"model {role!r}: layout {self.layouts[role]} asks for pipeline parallelism "
-                    f"(p{self.layouts[role].pp}), which realrl does not do; in allocation_mode use p1 and split "
-                    "the model with tensor parallelism (m) and/or <role>.engine.fsdp=true"
-                )
-            bad = [w for w in workers if not 0 <= w < self.n_model_workers]
-            if bad:
-                raise ValueError(
-                    f"allocations[{role!r}] names workers {bad}, outside 0..{self.n_model_workers - 1}"
-                )
-            if self.layouts[role].dp > self.batch_size:
-                raise ValueError(
-                    f"model {role!r} has dp size {self.layouts[role].dp} > n_seqs {self.batch_size}: "
-                    "some ranks would get no data"
+                    f"MFC {name!r} trains model {mfc.role!r} in {placement}, not in its home "
+                    f"{self.placement(mfc.role)}: a model trains where its weights live"
                 )
         if self.owner_role() not in self.allocations:
             raise ValueError(f"data_owner {self.owner_role()!r} is not an allocated model")
-        idle = sorted(set(range(self.n_model_workers)) - {w for ws in self.allocations.values() for w in ws})
+        idle = sorted(set(range(self.n_model_workers)) - {w for ws in self._used_workers() for w in ws})
         if idle:
             raise ValueError(f"model workers {idle} hold no model; lower n_model_workers or allocate them")
+
+    def _check_placement(self, what: str, placement: Placement, key: str | None = None) -> None:
+        """``what`` runs in ``placement``: p1, workers that exist, data for every dp rank."""
+        layout = placement.layout
+        if layout.pp > 1:
+            raise ValueError(
+                f"{what}: layout {layout} asks for pipeline parallelism (p{layout.pp}), which realrl does "
+                "not do; in allocation_mode use p1 and split the model with tensor parallelism (m) and/or "
+                "<role>.engine.fsdp=true"
+            )
+        bad = [w for w in placement.workers if not 0 <= w < self.n_model_workers]
+        if bad:
+            raise ValueError(f"{key or what} names workers {bad}, outside 0..{self.n_model_workers - 1}")
+        if layout.dp > self.batch_size:
+            raise ValueError(
+                f"{what} has dp size {layout.dp} > n_seqs {self.batch_size}: some ranks would get no data"
+            )
 
     # -- worker configs ------------------------------------------------------------------------
 
@@ -307,8 +357,14 @@ class ExperimentConfig:
                 for role, ws in sorted(self.allocations.items())
                 if w in ws
             ]
+            copies = [
+                ModelShardSpec(role, p, self.models[role], w)
+                for role in sorted(self.allocations)
+                for p in self.copy_placements(role)
+                if w in p.workers
+            ]
             roles = {s.role for s in shards}
-            mfcs = [m for m in self.mfcs if m.role in roles]
+            mfcs = [m for m in self.mfcs if m.role in roles or w in self.call_placement(m.name).workers]
             configs.append(
                 ModelWorkerConfig(
                     worker_index=w,
@@ -318,6 +374,7 @@ class ExperimentConfig:
                     run_dir=self.run_dir,
                     seed=self.seed,
                     shards=shards,
+                    copies=copies,
                     mfcs=mfcs,
                     interfaces={m.name: m.interface_impl for m in mfcs},
                     datasets=list(self.datasets),

@@ -1,28 +1,42 @@
-"""``allocation_mode``: which model workers hold which model, in what parallel layout.
+"""``allocation_mode``: which model workers run each model function call, in what parallel layout.
 
-ReaL's grammar (``realrl.api.core.layout``), for the whole experiment or per model role:
+ReaL's grammar (``realrl.api.core.layout``), for the whole experiment, per model role or per MFC:
 
-- ``"d2"``, ``"d2m1p1"``, ``"d1m2p1"``: every role in that layout on workers ``0 .. n-1``
+- ``"d2"``, ``"d2m1p1"``, ``"d1m2p1"``: every call in that layout on workers ``0 .. n-1``
   (``n = dp * tp * pp``); roles share the workers.
 - ``"actor:d1m2p1,critic:d2m1p1@2,*:d2"``: per role; ``@<first>`` places the layout on workers
-  ``first .. first + n - 1`` (default 0); ``*`` gives every role not named a default.
+  ``first .. first + n - 1`` (default 0); ``*`` gives every call not named a default.
+- ``"actor_gen:d2m1p1,actor_train:d1m2p1,*:d1"``: per MFC. The calls of one model may use
+  different layouts: the model's weights move between them as the graph runs (reallocation).
+  An MFC's own entry beats its role's, which beats ``*``.
 - ``"manual"`` with ``manual={name: [worker, ...]}`` (and optionally ``manual_layouts={name:
-  "d1m2p1"}``): the worker of every layout rank, keyed by MFC name or by role; MFCs of one role
-  must agree (one layout per model).
+  "d1m2p1"}``): the worker of every layout rank, keyed by MFC name or by role (an MFC's own
+  entry first).
 
+A model's **home** is the placement of its training call (else of its first call): its weights
+and optimizer state live there; a call in another placement runs on a copy reallocated from home.
 The number of model workers follows from the layouts (one more than the largest worker used).
 On a hydra command line, quote a value with commas: ``'allocation_mode="actor:d1m2p1,*:d1"'``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
-from realrl.api.core.dfg import MFCDef
+from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout, Placement
 
 _WITH_FIRST = re.compile(r"^(?P<layout>[^@]+?)(?:@(?P<first>\d+))?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """Every MFC's placement, and every role's home placement."""
+
+    calls: dict[str, Placement]
+    homes: dict[str, Placement]
 
 
 def _parse_layout(text: str, where: str) -> tuple[Layout, int]:
@@ -48,50 +62,77 @@ def parse_allocation(
     mfcs: Sequence[MFCDef],
     manual: Mapping[str, Sequence[int]] | None = None,
     manual_layouts: Mapping[str, str] | None = None,
-) -> dict[str, Placement]:
-    """Role -> its placement (layout and the worker of every layout rank), for the roles the
-    ``mfcs`` use."""
-    roles = _roles(mfcs)
+) -> Allocation:
+    """The placement of every MFC of ``mfcs`` and the home of every role they use."""
     mode = allocation_mode.strip()
     if mode == "manual":
-        return _manual(mfcs, manual or {}, manual_layouts or {})
-    if manual or manual_layouts:
+        calls = _manual(mfcs, manual or {}, manual_layouts or {})
+    elif manual or manual_layouts:
         raise ValueError(
             f"manual worker lists given but allocation_mode is {allocation_mode!r}, not 'manual'"
         )
-    if ":" not in mode:
+    elif ":" not in mode:
         layout, first = _parse_layout(mode, "allocation_mode")
-        return {role: _placed(layout, first) for role in roles}
-    mfc_names = {m.name for m in mfcs}
-    per_role: dict[str, Placement] = {}
-    default = None
-    for part in mode.split(","):
+        calls = {m.name: _placed(layout, first) for m in mfcs}
+    else:
+        calls = _per_name(allocation_mode, mfcs)
+    return Allocation(calls, _homes(mfcs, calls))
+
+
+def _per_name(allocation_mode: str, mfcs: Sequence[MFCDef]) -> dict[str, Placement]:
+    roles, names = _roles(mfcs), [m.name for m in mfcs]
+    given: dict[str, Placement] = {}
+    for part in allocation_mode.split(","):
         name, sep, spec = part.partition(":")
         name = name.strip()
         if not sep or not name:
             raise ValueError(
-                f"allocation_mode part {part!r} must be '<role>:d<dp>m<tp>p<pp>[@<first>]' (in {allocation_mode!r})"
+                f"allocation_mode part {part!r} must be '<role or MFC>:d<dp>m<tp>p<pp>[@<first>]' "
+                f"(in {allocation_mode!r})"
             )
-        layout, first = _parse_layout(spec, f"allocation_mode: layout of {name!r}")
-        if name == "*":
-            default = _placed(layout, first)
-        elif name in mfc_names and name not in roles:
+        if name != "*" and name not in roles and name not in names:
             raise ValueError(
-                f"allocation_mode names the call {name!r}: give layouts per model role {roles} "
-                "(the calls of one model share its layout)"
+                f"allocation_mode names {name!r}, neither a model role {roles} nor an MFC {sorted(names)}"
             )
-        elif name not in roles:
-            raise ValueError(f"allocation_mode names role {name!r}, but the MFCs use roles {roles}")
-        elif name in per_role:
-            raise ValueError(f"allocation_mode gives role {name!r} twice")
+        if name in given:
+            raise ValueError(f"allocation_mode gives {name!r} twice")
+        layout, first = _parse_layout(spec, f"allocation_mode: layout of {name!r}")
+        given[name] = _placed(layout, first)
+    calls, missing = {}, []
+    for m in mfcs:
+        placement = given.get(m.name) or given.get(m.role) or given.get("*")
+        if placement is None:
+            missing.append(m.name)
         else:
-            per_role[name] = _placed(layout, first)
-    missing = [r for r in roles if r not in per_role]
-    if missing and default is None:
+            calls[m.name] = placement
+    if missing:
+        lacking = sorted({m.role for m in mfcs if m.name in missing})
         raise ValueError(
-            f"allocation_mode {allocation_mode!r} gives no layout for roles {missing}; add them or '*:d<dp>m<tp>p<pp>'"
+            f"allocation_mode {allocation_mode!r} gives no layout for roles {lacking} (MFCs {missing}); "
+            "add them or '*:d<dp>m<tp>p<pp>'"
         )
-    return {r: per_role.get(r, default) for r in roles}
+    return calls
+
+
+def _homes(mfcs: Sequence[MFCDef], calls: Mapping[str, Placement]) -> dict[str, Placement]:
+    """Each role's home: its training call's placement (one layout trains a model), else its
+    first call's."""
+    homes: dict[str, Placement] = {}
+    trainer: dict[str, str] = {}
+    for m in mfcs:
+        if m.interface_type is not ModelInterfaceType.TRAIN_STEP:
+            continue
+        if m.role in trainer and calls[trainer[m.role]] != calls[m.name]:
+            other = trainer[m.role]
+            raise ValueError(
+                f"MFCs {other!r} and {m.name!r} both train model {m.role!r} but in different placements "
+                f"({calls[other]} and {calls[m.name]}): a model trains in one layout"
+            )
+        trainer.setdefault(m.role, m.name)
+        homes[m.role] = calls[m.name]
+    for m in mfcs:
+        homes.setdefault(m.role, calls[m.name])
+    return {role: homes[role] for role in sorted(homes)}
 
 
 def _placed(layout: Layout, first: int) -> Placement:
@@ -101,49 +142,35 @@ def _placed(layout: Layout, first: int) -> Placement:
 def _manual(
     mfcs: Sequence[MFCDef], manual: Mapping[str, Sequence[int]], manual_layouts: Mapping[str, str]
 ) -> dict[str, Placement]:
-    by_name = {m.name: m for m in mfcs}
-    roles = _roles(mfcs)
-
-    def role_of(key: str, what: str) -> str:
-        if key in by_name:
-            return by_name[key].role
-        if key in roles:
-            return key
-        raise ValueError(f"{what} names {key!r}, neither an MFC {sorted(by_name)} nor a role {roles}")
-
-    layouts: dict[str, tuple[Layout, str]] = {}
-    for key, text in manual_layouts.items():
-        role = role_of(key, "manual_layouts")
-        layout, _ = _parse_layout(str(text), f"manual_layouts[{key!r}]")
-        if role in layouts and layouts[role][0] != layout:
-            raise ValueError(
-                f"manual_layouts: {layouts[role][1]!r} gives model {role!r} layout {layouts[role][0]} but "
-                f"{key!r} gives {layout}; MFCs of one model must share its layout"
-            )
-        layouts[role] = (layout, key)
-    out: dict[str, Placement] = {}
-    source: dict[str, str] = {}
-    for key, workers in manual.items():
-        workers = [int(w) for w in workers]
+    roles, names = _roles(mfcs), {m.name for m in mfcs}
+    for what, keys in (("manual allocation", manual), ("manual_layouts", manual_layouts)):
+        for key in keys:
+            if key not in names and key not in roles:
+                raise ValueError(f"{what} names {key!r}, neither an MFC {sorted(names)} nor a role {roles}")
+    calls, missing = {}, []
+    for m in mfcs:
+        key = m.name if m.name in manual else m.role
+        if key not in manual:
+            missing.append(m.name)
+            continue
+        workers = [int(w) for w in manual[key]]
         if not workers or any(w < 0 for w in workers):
             raise ValueError(
                 f"manual allocation {key!r}: {workers} must be a non-empty list of worker indices >= 0"
             )
-        role = role_of(key, "manual allocation")
-        layout = layouts.get(role, (Layout(dp=len(workers)), key))[0]
+        layout_key = m.name if m.name in manual_layouts else m.role
+        text = manual_layouts.get(layout_key)
+        layout = (
+            Layout(dp=len(workers))
+            if text is None
+            else _parse_layout(str(text), f"manual_layouts[{layout_key!r}]")[0]
+        )
         try:
-            placement = Placement(layout, tuple(workers))
+            calls[m.name] = Placement(layout, tuple(workers))
         except ValueError as e:
             raise ValueError(f"manual allocation {key!r}: {e}") from None
-        if role in out and out[role] != placement:
-            raise ValueError(
-                f"manual allocation: {source[role]!r} puts model {role!r} on {list(out[role].workers)} but "
-                f"{key!r} on {workers}; MFCs of one model must share its layout"
-            )
-        out[role], source[role] = placement, key
-    missing = [r for r in roles if r not in out]
     if missing:
         raise ValueError(
-            f"manual allocation gives no workers for roles {missing} (MFC names or roles as keys)"
+            f"manual allocation gives no workers for MFCs {missing} (keys are MFC names or roles)"
         )
-    return out
+    return calls
