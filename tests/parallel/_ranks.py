@@ -4,6 +4,7 @@ what each returns."""
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from realrl.base.network import find_free_port
+
+# a rank stuck in a collective its peers never join (ranks out of lockstep: gloo does not time out
+# on mismatched collectives) prints every thread's stack and exits, before pytest's own timeout
+# would stop the parent and leave the ranks running
+WATCHDOG_S = 240
 
 # every group of a test: a collective that one rank never joins (ranks out of lockstep) fails
 # after this instead of hanging the suite
@@ -25,9 +31,11 @@ def _entry(rank: int, fn: Callable, port: int, n: int, out_dir: str, args: tuple
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n, timeout=TIMEOUT
     )
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
     try:
         torch.save(fn(rank, *args), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
+        faulthandler.cancel_dump_traceback_later()
         dist.destroy_process_group()
 
 
