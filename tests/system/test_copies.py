@@ -1,0 +1,40 @@
+"""The master's record of model copies: when a call placed outside its model's home needs a
+reallocation first, and when its copy is freed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from system_graphs import mock_config
+
+from realrl.api.core.layout import Layout, Placement
+
+GEN = Placement(Layout(2, 1, 1), (2, 3))
+
+
+def calls(tmp_path, keep: bool):
+    from realrl.system.copies import CopyTracker
+
+    cfg = mock_config(tmp_path, "t", mfc_placements={"gen": GEN})
+    cfg.models["actor"] = dataclasses.replace(cfg.models["actor"], keep_gen_copy=keep)
+    tracker = CopyTracker(cfg)
+    by_name = {m.name: m for m in cfg.mfcs}
+    return lambda name: tracker.plan(by_name[name])
+
+
+def test_a_dropped_copy_is_refilled_before_every_call(tmp_path):
+    plan = calls(tmp_path, keep=False)
+    first = plan("gen")
+    assert first.realloc and first.drop and first.name == "actor d2m1p1@2,3"
+    assert first.home == Placement(Layout(2), (0, 1)) and first.placement == GEN
+    assert plan("gen").realloc  # freed after the first call: filled again
+    assert plan("actor_train") is None and plan("values") is None  # at home: nothing to move
+
+
+def test_a_kept_copy_is_refilled_only_after_its_model_trained(tmp_path):
+    plan = calls(tmp_path, keep=True)
+    assert plan("gen").realloc and not plan("gen").drop
+    assert not plan("gen").realloc  # nothing trained since: the copy is current
+    assert plan("critic_train") is None and not plan("gen").realloc  # another model trained
+    assert plan("actor_train") is None
+    assert plan("gen").realloc  # the actor's weights changed: move them again
