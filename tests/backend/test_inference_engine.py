@@ -107,6 +107,36 @@ def test_generate_passes_tokenizer_eos():
     assert seen["eos"] == 5
 
 
+def test_generate_passes_prompt_keys_only_to_modules_that_name_them():
+    """A module naming ``prompt_keys`` in ``generate_options`` gets one int64 key per prompt, the
+    same for a sample in any micro-batch; greedy calls and other modules get none."""
+    seen: list = []
+
+    class Keyed(PackedToyLM):
+        generate_options = ("prompt_keys",)
+
+        def generate(self, input_ids, cu_seqlens, gconfig, eos_token_id=None, prompt_keys=None):
+            seen.append(prompt_keys)
+            return super().generate(input_ids, cu_seqlens, gconfig, eos_token_id)
+
+    plens = [[3], [2, 4], [5]]  # the second sample holds two prompts
+    prompts = SequenceSample.from_default(
+        ids=[10, 11, 12], seqlens=plens, data={"packed_prompts": torch.arange(14) % 17}
+    )
+    engine = InferenceEngine(Keyed())
+    sampled = GenerationHyperparameters(max_new_tokens=1)
+    torch.manual_seed(0)
+    engine.generate(prompts, None, None, sampled)
+    torch.manual_seed(0)
+    engine.generate(prompts, MicroBatchSpec(n_mbs=3), None, sampled)
+    whole, pieces = seen[0], torch.cat(seen[1:])
+    assert whole.dtype == torch.long and whole.shape == (4,) and len(torch.unique(whole)) == 4
+    assert torch.equal(whole, pieces) and len(seen) == 4
+    seen.clear()
+    engine.generate(prompts, None, None, GenerationHyperparameters(max_new_tokens=1, greedy=True))
+    assert seen == [None]
+
+
 def test_train_engine_also_serves_forward():
     batch = make_batch(LENGTHS)
     torch.manual_seed(0)

@@ -3,6 +3,7 @@ shared prefixes, output indices, GQA and threads; where no compiler builds it, s
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -166,7 +167,12 @@ def test_a_broken_source_is_reported_and_loads_nothing(monkeypatch, tmp_path, ca
     monkeypatch.setenv(native_build.CACHE_ENV, str(tmp_path / "cache"))
     bad = tmp_path / "broken.c"
     bad.write_text("int f( { return 0; }\n")
-    assert native_build.load(str(bad)) is None
+    realrl_logs = logging.getLogger("realrl")  # its own handler; it does not propagate to caplog's
+    realrl_logs.addHandler(caplog.handler)
+    try:
+        assert native_build.load(str(bad)) is None
+    finally:
+        realrl_logs.removeHandler(caplog.handler)
     assert "could not build" in caplog.text and "broken.c" in caplog.text
 
 

@@ -128,15 +128,38 @@ def test_bad_cu_seqlens_is_a_clear_error():
 
 
 def test_sample_categorical_follows_the_distribution():
-    from realrl.impl.model.nn.generation import sample_categorical
+    """Frequencies over many rows, each with its own counter-based uniform, match the
+    probabilities (a chi-square statistic with a loose bound; the draws are fixed by the keys)."""
+    from realrl.impl.model.nn.generation import row_uniforms, sample_categorical
 
-    torch.manual_seed(0)
-    probs = torch.tensor([[0.5, 0.0, 0.2, 0.3], [0.0, 0.0, 1.0, 0.0]])
-    draws = torch.stack([sample_categorical(probs) for _ in range(4000)])  # [4000, 2]
-    freq = torch.bincount(draws[:, 0], minlength=4).float() / 4000
-    assert (freq - probs[0]).abs().max() < 0.03
-    assert freq[1] == 0  # zero-probability tokens are never drawn
-    assert torch.all(draws[:, 1] == 2)
+    n = 20000
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.3])
+    draws = sample_categorical(probs.expand(n, 4), row_uniforms(torch.arange(n), 0))
+    counts = torch.bincount(draws, minlength=4).double()
+    assert counts[1] == 0  # zero-probability tokens are never drawn
+    nz = probs > 0
+    chi2 = ((counts[nz] - n * probs[nz]) ** 2 / (n * probs[nz])).sum()
+    assert chi2 < 20  # 2 degrees of freedom: P(chi2 > 20) ~ 5e-5
+    # a one-hot row always gives its token, and a uniform just below 1 stays on the last positive one
+    assert torch.all(
+        sample_categorical(
+            torch.tensor([[0.0, 0.0, 1.0, 0.0]]).expand(100, 4), row_uniforms(torch.arange(100), 3)
+        )
+        == 2
+    )
+    top = torch.tensor([1.0 - 2.0**-53], dtype=torch.float64)
+    assert sample_categorical(torch.tensor([[0.3, 0.7, 0.0, 0.0]]), top).item() == 1
+
+
+def test_sample_categorical_matches_softmax_over_a_vocabulary():
+    from realrl.impl.model.nn.generation import row_uniforms, sample_categorical
+
+    n, v = 50000, 12
+    probs = torch.softmax(torch.randn(v, generator=torch.Generator().manual_seed(0)) * 1.5, dim=-1)
+    draws = sample_categorical(probs.expand(n, v), row_uniforms(torch.arange(n) * 7919 + 11, 5))
+    counts = torch.bincount(draws, minlength=v).double()
+    chi2 = ((counts - n * probs) ** 2 / (n * probs)).sum()
+    assert chi2 < 40  # 11 degrees of freedom: P(chi2 > 40) ~ 4e-5
 
 
 def _save_tokenizer(folder) -> None:

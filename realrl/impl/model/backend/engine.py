@@ -11,6 +11,10 @@ tokens only. A module whose ``packed_forward_options`` names ``output_index`` (R
 the index itself and skips the work nobody reads; any other module runs in full and is indexed
 afterwards. One naming ``prefix_groups`` is told which sequences form one sample (a pair, K
 answers to one prompt) and computes the prefix they share once (``EngineConfig.share_prefixes``).
+A module whose ``generate_options`` names ``prompt_keys`` (ReaLModel) is given each prompt's
+sampling key, a function of (one base seed per generate call, the sample id, the prompt's index in
+its sample): sampled answers then do not depend on how the batch is split, ordered or spread over
+data-parallel replicas.
 
 A parallel module (``impl/model/parallel``: tensor parallel, FSDP-sharded) comes already split;
 the engine is told its ``ParallelContext`` only for what the layout changes here: FSDP ranks run
@@ -22,6 +26,7 @@ the one rank that writes it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,12 +37,16 @@ from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutpu
 from realrl.impl.model.backend import dp
 from realrl.impl.model.backend.checkpoint import save_module_weights
 from realrl.impl.model.backend.config import EngineConfig
+from realrl.impl.model.nn.generation import derive_keys, random_keys
 from realrl.impl.model.parallel.mesh import ParallelContext
 
 INPUT_KEY = "packed_input_ids"
 PROMPT_KEY = "packed_prompts"
 PDROP_FIELDS = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
 OutputIndexFn = Callable[[SequenceSample], torch.Tensor]
+# domain separation of the two derivations of a prompt key from the call's base seed
+SAMPLE_SALT = 0x1F83D9AB
+SEQUENCE_SALT = 0x5BE0CD19
 
 
 def disable_dropout(module: torch.nn.Module) -> int:
@@ -68,6 +77,25 @@ def concat_generation_outputs(outs: list[GenerationOutput]) -> GenerationOutput:
         logprobs=torch.cat([o.logprobs for o in outs]),
         no_eos=torch.cat([o.no_eos for o in outs]),
     )
+
+
+def stable_id_hash(sample_id: Any) -> int:
+    """A 64-bit hash of ``str(sample_id)`` that is the same in every process and run (Python's
+    ``hash`` of a str is salted per process); 64 bits make two ids of a batch sharing one unlikely."""
+    digest = hashlib.blake2b(str(sample_id).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def prompt_keys(base: int, mb: SequenceSample, key: str = PROMPT_KEY) -> torch.Tensor:
+    """int64 sampling key of every sequence of ``mb[key]`` in packing order, from (``base``, its
+    sample's id, its index within the sample) only: the same wherever the sample is generated."""
+    counts = [len(lens) for lens in mb.seqlens[key]]
+    ids = torch.tensor(
+        [stable_id_hash(i) for i, c in zip(mb.ids, counts) for _ in range(c)], dtype=torch.long
+    )
+    index = torch.tensor([k for c in counts for k in range(c)], dtype=torch.long)
+    per_sample = derive_keys(torch.full_like(ids, base), ids, SAMPLE_SALT)
+    return derive_keys(per_sample, index, SEQUENCE_SALT)
 
 
 class InferenceEngine:
@@ -234,18 +262,29 @@ class InferenceEngine:
         tokenizer: Any,
         gconfig: GenerationHyperparameters,
     ) -> GenerationOutput:
-        """Generate from ``packed_prompts``; outputs are prompt-major across micro-batches."""
+        """Generate from ``packed_prompts``; outputs are prompt-major across micro-batches.
+
+        Sampling draws one base seed from torch's global RNG per call (none when greedy), so a
+        caller that seeds every replica alike gets the same answer per (sample id, prompt, answer
+        index) whatever the micro-batches, sample order or number of replicas."""
         self._require(input_, PROMPT_KEY, "generate")
         if not hasattr(self.module, "generate"):
             raise TypeError(f"{type(self.module).__name__} has no generate(); it cannot serve generate MFCs")
         eos = getattr(tokenizer, "eos_token_id", None)
+        keyed = "prompt_keys" in getattr(self.module, "generate_options", ()) and not gconfig.greedy
+        base = int(random_keys(1)) if keyed else None
         outs = []
         with self.mode(training=False), self.on_device(), self.whole_weights():
             for mb in self.split(input_, mb_spec):
                 prompts = mb.data[PROMPT_KEY]
                 cu_seqlens = mb.cu_seqlens(PROMPT_KEY).to(self.device)
+                kwargs: dict[str, Any] = {}
+                if base is not None:
+                    kwargs["prompt_keys"] = prompt_keys(base, mb).to(self.device)
                 with self._autocast():
-                    outs.append(self.module.generate(prompts, cu_seqlens, gconfig, eos_token_id=eos))
+                    outs.append(
+                        self.module.generate(prompts, cu_seqlens, gconfig, eos_token_id=eos, **kwargs)
+                    )
         return concat_generation_outputs(outs)
 
     def whole_weights(self) -> contextlib.AbstractContextManager:

@@ -54,6 +54,8 @@ def init_critic_head(head: nn.Linear, mode: str = "reward", generator: torch.Gen
 class ReaLModel(nn.Module):
     # forward() options the engines may pass: outputs at some tokens only; shared-prefix packing
     packed_forward_options = ("output_index", "prefix_groups")
+    # generate() options the engines may pass: per-prompt sampling keys (see nn/generation.py)
+    generate_options = ("prompt_keys",)
 
     def __init__(
         self,
@@ -218,10 +220,13 @@ class ReaLModel(nn.Module):
         cu_seqlens: torch.Tensor,
         gconfig: GenerationHyperparameters,
         eos_token_id: int | list[int] | None = None,
+        prompt_keys: torch.Tensor | None = None,
     ) -> GenerationOutput:
+        """``prompt_keys`` (int64 [n_prompts]): each prompt's sampling randomness, so its answers do
+        not depend on the batch it is generated in; None draws them from torch's global RNG."""
         from realrl.impl.model.nn.generation import generate
 
-        return generate(self, input_ids, cu_seqlens, gconfig, eos_token_id)
+        return generate(self, input_ids, cu_seqlens, gconfig, eos_token_id, prompt_keys)
 
     @classmethod
     def from_pretrained(
