@@ -1,0 +1,309 @@
+"""Parameter reallocation on the workers: carry out a ``ReallocPlan`` with point-to-point messages.
+
+Each worker packs what it sends one destination into one flat buffer, posts every send and
+receive at once on the default group, copies the pieces it keeps locally meanwhile, and scatters
+what it receives into the destination's local shards. Every wait is bounded: a peer that never
+shows up gives an error, not a hang. As in "ReaL: Efficient RLHF Training of Large Language Models
+with Parameter Reallocation" (MLSys 2025), nothing is gathered whole on any worker; the
+gather-then-broadcast baseline it is measured against is in ``baseline.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from realrl.api.core.layout import Placement
+from realrl.api.core.model_api import ReaLModelConfig
+from realrl.impl.model.comm.realloc_plan import (
+    Box,
+    ParamSpec,
+    Piece,
+    ReallocPlan,
+    Side,
+)
+from realrl.impl.model.nn.real_model import ReaLModel
+from realrl.impl.model.parallel.dtensor import local
+from realrl.impl.model.parallel.mesh import ParallelContext
+
+Tensors = dict[str, torch.Tensor]
+
+
+# ---------------------------------------------------------------- how a layout holds the model
+
+
+def _style_dims(style: object, module: nn.Module) -> dict[str, int | None]:
+    """The dim each parameter of ``module`` is split along by a torch parallel style."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if not isinstance(style, ColwiseParallel | RowwiseParallel) or not isinstance(
+        module, nn.Linear | nn.Embedding
+    ):
+        raise ValueError(f"no split rule for {type(style).__name__} on {type(module).__name__}")
+    col = isinstance(style, ColwiseParallel)
+    if isinstance(module, nn.Embedding):  # weight [vocab, hidden]: row-wise splits the vocabulary
+        return {"weight": 1 if col else 0}
+    if col:
+        return {"weight": 0, "bias": 0}
+    return {"weight": 1, "bias": None}  # row-wise: the bias is added once, after the all-reduce
+
+
+def _meta_model(cfg: ReaLModelConfig) -> ReaLModel:
+    """The model's structure without values (parameter names, shapes, module kinds)."""
+    with torch.random.fork_rng(devices=[]):  # the model draws a critic-head seed: the caller's RNG stays
+        return ReaLModel(cfg, device="meta")
+
+
+def split_dims_for(cfg: ReaLModelConfig, tp: int) -> dict[str, int | None]:
+    """Parameter -> the dim tensor parallelism over ``tp`` ranks splits (None: whole), read from
+    the same plan ``apply_tensor_parallel`` applies. Depends on ``tp``: the vocabulary splits only
+    when it divides."""
+    from realrl.impl.model.parallel.tensor_parallel import plan_for
+
+    model = _meta_model(cfg)
+    # named_parameters: a tied head is the embedding's weight, under the embedding's name only
+    dims: dict[str, int | None] = {n: None for n, _ in model.named_parameters()}
+    if tp == 1:
+        return dims
+    for module_name, style in plan_for(cfg, tp).items():
+        module = model.get_submodule(module_name)
+        for attr, dim in _style_dims(style, module).items():
+            if getattr(module, attr, None) is not None and f"{module_name}.{attr}" in dims:
+                dims[f"{module_name}.{attr}"] = dim
+    return dims
+
+
+def side_for(cfg: ReaLModelConfig, placement: Placement, fsdp: bool = False) -> Side:
+    """The plan's view of ``cfg`` laid out on ``placement`` (``fsdp``: as ``apply_fsdp`` shards)."""
+    return Side(placement, split_dims_for(cfg, placement.layout.tp), fsdp and placement.layout.dp > 1)
+
+
+def param_specs(module: nn.Module, wire_dtype: torch.dtype | None = None) -> dict[str, ParamSpec]:
+    """Every parameter's whole shape (a DTensor's ``shape`` is global) and the dtype it travels in
+    (``wire_dtype``, default its own). All workers must plan from equal specs: a worker outside
+    the destination passes the destination's dtype."""
+    return {n: ParamSpec(tuple(p.shape), wire_dtype or p.dtype) for n, p in module.named_parameters()}
+
+
+def model_param_specs(cfg: ReaLModelConfig, wire_dtype: torch.dtype) -> dict[str, ParamSpec]:
+    """``param_specs`` of a ReaLModel of ``cfg`` without building one: what a worker that holds
+    neither side yet (or holds them in another dtype) plans with."""
+    return param_specs(_meta_model(cfg), wire_dtype)
+
+
+# ---------------------------------------------------------------- an empty model for a layout
+
+
+def materialize(model: ReaLModel, device: torch.device | str) -> None:
+    """Allocate a model built on "meta" on ``device`` (values undefined), then recompute what no
+    parameter holds: the rotary frequencies (a non-persistent buffer) and the tied head, which
+    ``to_empty`` unties. The same steps as loading a split checkpoint (``hf_io._load_split``)."""
+    from realrl.impl.model.modules.rotary import rotary_inv_freq
+
+    cfg = model.config
+    model.to_empty(device=device)
+    if cfg.tied_embedding and not cfg.is_critic:
+        model.head.weight = model.embed.wte.weight
+    if model.rotary is not None:
+        with torch.no_grad():
+            model.rotary.inv_freq.copy_(rotary_inv_freq(cfg.head_dim, cfg.rotary_base, cfg.rotary_scaling))
+
+
+def build_copy(
+    cfg: ReaLModelConfig,
+    parallel: ParallelContext | None,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    attn_impl: str = "auto",
+) -> ReaLModel:
+    """An empty ReaLModel laid out for ``parallel``, to be filled by ``reallocate``: split by
+    tensor parallelism when tp > 1, never sharded by FSDP (a copy serves generation and
+    inference), in eval mode and without gradients. Only this worker's shards are allocated."""
+    from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel
+
+    with torch.random.fork_rng(devices=[]):  # weights come from the source; the caller's RNG stays
+        model = ReaLModel(cfg, dtype=dtype, device="meta", attn_impl=attn_impl)
+    if parallel is not None and parallel.mesh is not None and parallel.layout.tp > 1:
+        apply_tensor_parallel(model, parallel.tp_mesh)
+    materialize(model, device)
+    return model.eval().requires_grad_(False)
+
+
+# ---------------------------------------------------------------- moving the pieces
+
+
+@dataclasses.dataclass
+class ReallocStats:
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+
+
+def _slices(box: Box, within: Box) -> tuple[slice, ...]:
+    """``box`` as an index into the local tensor that holds ``within``."""
+    return tuple(slice(lo - start, hi - start) for (lo, hi), (start, _) in zip(box, within, strict=True))
+
+
+def _shape(box: Box) -> tuple[int, ...]:
+    return tuple(hi - lo for lo, hi in box)
+
+
+def _message(plan: ReallocPlan, src: int, dst: int) -> list[tuple[Piece, int, int]]:
+    """(piece, byte offset, bytes) of one pair's buffer: plan order, wider dtypes first, so every
+    slice starts at a multiple of its item size and views the bytes in place."""
+    pieces = sorted(plan.between(src, dst), key=lambda p: -plan.params[p.param].itemsize)
+    out, offset = [], 0
+    for piece in pieces:
+        n = plan.piece_bytes(piece)
+        out.append((piece, offset, n))
+        offset += n
+    return out
+
+
+def _view(buf: torch.Tensor, spec: ParamSpec, piece: Piece, offset: int, n: int) -> torch.Tensor:
+    return buf[offset : offset + n].view(spec.dtype).view(_shape(piece.box))
+
+
+def local_tensors(
+    module: nn.Module | None, boxes: Mapping[str, Mapping[int, Box]], me: int, what: str
+) -> Tensors:
+    """This worker's local tensor of every planned parameter, checked against its planned box."""
+    if module is None:
+        raise ValueError(f"worker {me} is in the {what} placement of the plan but has no {what} module")
+    named = dict(module.named_parameters())
+    out = {}
+    for name, per_worker in boxes.items():
+        if name not in named:
+            raise ValueError(f"the {what} module has no parameter {name!r}")
+        t, expected = local(named[name]), _shape(per_worker[me])
+        if tuple(t.shape) != expected:
+            raise ValueError(
+                f"{what} parameter {name!r} on worker {me}: local tensor of shape {tuple(t.shape)}, "
+                f"but the plan's box {per_worker[me]} has shape {expected}"
+            )
+        out[name] = t
+    return out
+
+
+def reshard_fsdp(module: nn.Module) -> None:
+    """FSDP2 keeps the root unit's parameters gathered after a forward (nothing else would free
+    them before the next backward); the plan describes shards, so every unit is resharded
+    first: it frees the gathered copies, without any communication."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()
+
+
+def _wire(tensors: list[torch.Tensor]) -> tuple[torch.device, bool]:
+    """Where the buffers live and whether messages are batched: CUDA tensors travel as they are
+    when the default group has NCCL (whose sends and receives must be posted as one batch so
+    that two peers sending each other first do not wait for each other); otherwise the
+    buffers go through host memory for gloo."""
+    cuda = next((t.device for t in tensors if t.device.type == "cuda"), None)
+    if cuda is not None and "nccl" in str(dist.get_backend()):
+        return cuda, True
+    return torch.device("cpu"), False
+
+
+def _post(ops: list[tuple[Callable, torch.Tensor, int, int]], batched: bool) -> list[dist.Work]:
+    if batched and ops:
+        return dist.batch_isend_irecv([dist.P2POp(fn, t, peer, tag=tag) for fn, t, peer, tag in ops])
+    return [fn(t, peer, tag=tag) for fn, t, peer, tag in ops]
+
+
+@torch.no_grad()
+def move(
+    plan: ReallocPlan,
+    me: int,
+    src: Mapping[str, torch.Tensor] | None,
+    dst: Mapping[str, torch.Tensor] | None,
+    timeout_s: float,
+    first_tag: int = 0,
+) -> ReallocStats:
+    """Carry out ``plan`` on worker ``me``, from and into local tensors (name -> the tensor holding
+    this worker's box; None where ``me`` holds no box on that side)."""
+    start = time.perf_counter()
+    pairs = plan.pairs()
+    device, batched = _wire([*(src or {}).values(), *(dst or {}).values()])
+    ops, received = [], []
+    for _, peer in (p for p in pairs if p[0] == me):
+        message = _message(plan, me, peer)
+        buf = torch.empty(sum(n for *_, n in message), dtype=torch.uint8, device=device)
+        for piece, offset, n in message:
+            held = plan.src_boxes[piece.param][me]
+            _view(buf, plan.params[piece.param], piece, offset, n).copy_(
+                src[piece.param][_slices(piece.box, held)]
+            )
+        ops.append((dist.isend, buf, peer, first_tag + plan.tag(me, peer)))
+    for peer, _ in (p for p in pairs if p[1] == me):
+        message = _message(plan, peer, me)
+        buf = torch.empty(sum(n for *_, n in message), dtype=torch.uint8, device=device)
+        ops.append((dist.irecv, buf, peer, first_tag + plan.tag(peer, me)))
+        received.append((buf, message))
+    works = _post(ops, batched)
+    for piece in plan.between(me, me):  # what this worker keeps, while the messages travel
+        into = plan.dst_boxes[piece.param][me]
+        held = plan.src_boxes[piece.param][me]
+        dst[piece.param][_slices(piece.box, into)].copy_(src[piece.param][_slices(piece.box, held)])
+    _wait(works, me, pairs, timeout_s, time.monotonic() + timeout_s)
+    for buf, message in received:
+        for piece, offset, n in message:
+            into = plan.dst_boxes[piece.param][me]
+            dst[piece.param][_slices(piece.box, into)].copy_(
+                _view(buf, plan.params[piece.param], piece, offset, n)
+            )
+    sent = sum(t.numel() for fn, t, *_ in ops if fn is dist.isend)
+    got = sum(buf.numel() for buf, _ in received)
+    return ReallocStats(sent, got, time.perf_counter() - start)
+
+
+def _wait(
+    works: list[dist.Work], me: int, pairs: list[tuple[int, int]], timeout_s: float, deadline: float
+) -> None:
+    """Every message done before ``deadline``, else an error naming this worker's peers."""
+    for work in works:
+        # at least 1 ms: gloo reads a zero timeout as "no timeout"
+        left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
+        try:
+            done = work.wait(timeout=left)
+        except RuntimeError as e:
+            done, cause = False, e
+        else:
+            cause = None
+        if done is False:
+            to = [d for s, d in pairs if s == me]
+            frm = [s for s, d in pairs if d == me]
+            raise RuntimeError(
+                f"parameter reallocation on worker {me} did not complete (timeout {timeout_s} s; "
+                f"sending to workers {to}, receiving from {frm}): is a peer gone? {cause or ''}"
+            ) from cause
+
+
+def reallocate(
+    plan: ReallocPlan,
+    me: int,
+    src_module: nn.Module | None,
+    dst_module: nn.Module | None,
+    timeout_s: float,
+    first_tag: int = 0,
+) -> ReallocStats:
+    """Move a model's weights from ``src_module`` (this worker's part of the source layout) into
+    ``dst_module`` (its part of the destination layout) as ``plan`` says.
+
+    Every worker of either placement calls it with the same plan (``src_module`` None outside the
+    source placement, ``dst_module`` None outside the destination); messages use tags
+    ``first_tag`` .. ``first_tag + plan.n_tags - 1`` of the default group.
+    """
+    if src_module is not None:
+        reshard_fsdp(src_module)
+    src = local_tensors(src_module, plan.src_boxes, me, "source") if me in plan.src_workers else None
+    dst = local_tensors(dst_module, plan.dst_boxes, me, "destination") if me in plan.dst_workers else None
+    return move(plan, me, src, dst, timeout_s, first_tag)

@@ -1,0 +1,275 @@
+"""Parameter reallocation on 4 gloo processes: a model laid out in layout A is moved to layout B
+(an empty copy) and back to a fresh copy in A, and every weight comes back bit for bit, for every
+ordered pair of d1m1, d2m1, d1m2, d2m2 (colocated and on disjoint workers) and from FSDP and
+FSDP + TP sources after an optimizer step. Each rank moves exactly the bytes the plan says, a
+plan that does not match a module's shards is refused, the gather-then-broadcast baseline gives
+the same weights with more bytes, and a peer that never shows up gives an error within the
+timeout.
+
+All cases run in one spawn: starting processes costs more than the models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from _ranks import TIMEOUT, run_ranks
+from model_fixtures import tiny_config
+
+from realrl.api.core.layout import Layout, Placement
+from realrl.impl.model.comm.baseline import gather_broadcast
+from realrl.impl.model.comm.realloc import (
+    build_copy,
+    model_param_specs,
+    reallocate,
+    side_for,
+)
+from realrl.impl.model.comm.realloc_plan import ReallocPlan, gather_broadcast_bytes, plan_realloc
+from realrl.impl.model.nn.real_model import ReaLModel
+from realrl.impl.model.parallel.apply import parallelize
+from realrl.impl.model.parallel.dtensor import is_dtensor, local
+from realrl.impl.model.parallel.fsdp import sum_gradients
+from realrl.impl.model.parallel.mesh import build_contexts
+
+# vocabulary 64: the embedding (and its tied head) split over 2 tp ranks; split and whole biases
+CFG = tiny_config(tied_embedding=True, use_attention_bias=True, use_mlp_bias=True)
+PLACEMENTS = {
+    "d1m1": Placement(Layout(), (0,)),
+    "d2m1": Placement(Layout(dp=2), (0, 1)),
+    "d1m2": Placement(Layout(tp=2), (0, 1)),
+    "d2m2": Placement(Layout(2, 2), (0, 1, 2, 3)),
+    "d2m1@2": Placement(Layout(dp=2), (2, 3)),
+}
+LAYOUTS = ["d1m1", "d2m1", "d1m2", "d2m2"]
+# (A, B, how A is held): "plain" whole or tensor parallel, "fsdp" sharded as built (FSDP2 keeps
+# the root unit gathered after its first forward), "fsdp-step" sharded after an optimizer step
+CASES = [
+    *((a, b, "plain") for a, b in itertools.product(LAYOUTS, LAYOUTS)),
+    ("d1m2", "d2m1@2", "plain"),
+    ("d2m1@2", "d1m2", "plain"),
+    ("d2m1", "d1m2", "fsdp"),
+    *((a, b, "fsdp-step") for a, b in itertools.product(["d2m1", "d2m2"], LAYOUTS)),
+]
+TAGS_PER_CASE = 100
+TIMEOUT_S = 30.0
+DEAD_PEER_TIMEOUT_S = 3.0
+
+
+def case_name(a: str, b: str, how: str) -> str:
+    return f"{a}->{b}" + ("" if how == "plain" else f"[{how}]")
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if is_dtensor(t) else t
+
+
+def _box(t: torch.Tensor, box) -> torch.Tensor:
+    return t[tuple(slice(lo, hi) for lo, hi in box)]
+
+
+def _stepped(module: ReaLModel) -> None:
+    """One SGD step, so the weights that move are not the ones every rank could rebuild."""
+    sum_gradients(module)
+    ids = torch.arange(12) % CFG.vocab_size
+    loss = module(ids, torch.tensor([0, 5, 12], dtype=torch.int32)).float().pow(2).mean()
+    loss.backward()
+    torch.optim.SGD(module.parameters(), lr=0.5).step()
+
+
+@dataclasses.dataclass
+class World:
+    """What every case of a rank shares: its meshes, and the plan's view of each layout."""
+
+    rank: int
+    contexts: dict
+    params: dict
+    sides: dict  # (placement name, fsdp) -> Side
+
+    @classmethod
+    def build(cls, rank: int) -> World:
+        sides = {(n, f): side_for(CFG, p, fsdp=f) for n, p in PLACEMENTS.items() for f in (False, True)}
+        contexts = build_contexts(PLACEMENTS, rank, "cpu", TIMEOUT)
+        return cls(rank, contexts, model_param_specs(CFG, torch.float32), sides)
+
+    def plan(self, a: str, b: str, fsdp_a: bool = False) -> ReallocPlan:
+        return plan_realloc(self.params, self.sides[a, fsdp_a], self.sides[b, False])
+
+    def copy(self, layout: str) -> ReaLModel | None:
+        if self.rank not in PLACEMENTS[layout].workers:
+            return None
+        return build_copy(CFG, self.contexts.get(layout), "cpu", torch.float32)
+
+
+def _source(world: World, a: str, how: str) -> tuple[ReaLModel | None, dict[str, torch.Tensor]]:
+    """A's part of the model on this rank (None outside A) and the whole weights it holds."""
+    torch.manual_seed(0)  # every rank builds the same whole model first
+    module = ReaLModel(CFG)
+    ref = {n: p.detach().clone() for n, p in module.named_parameters()}
+    if world.rank not in PLACEMENTS[a].workers:
+        module = None
+    else:
+        parallelize(
+            module,
+            dataclasses.replace(world.contexts[a], fsdp=how != "plain") if a in world.contexts else None,
+        )
+    if how == "fsdp-step":  # new weights: gathered on A's ranks, sent on from A's first
+        if module is not None:
+            _stepped(module)
+            ref = {n: _whole(p).detach().clone() for n, p in module.named_parameters()}
+        for name in world.params:
+            dist.broadcast(ref[name], src=PLACEMENTS[a].workers[0])
+    return module, ref
+
+
+def _check_layout(
+    rank: int, module: ReaLModel, plan: ReallocPlan, ref: dict, what: str, errors: list[str], whole: bool
+) -> None:
+    """Each local shard is the planned box of the reference (``whole``: and the whole weights,
+    gathered over the copy's tp ranks, equal it)."""
+    named = dict(module.named_parameters())
+    for name in plan.params:
+        if not torch.equal(local(named[name]), _box(ref[name], plan.dst_boxes[name][rank])):
+            errors.append(f"{what}: local shard of {name} differs")
+        if whole and not torch.equal(_whole(named[name]), ref[name]):
+            errors.append(f"{what}: whole {name} differs")
+    if CFG.tied_embedding and module.head.weight is not module.embed.wte.weight:
+        errors.append(f"{what}: head not tied")
+
+
+def _check_bytes(rank: int, plan: ReallocPlan, stats, what: str, errors: list[str]) -> None:
+    if (stats.bytes_received, stats.bytes_sent) != (plan.bytes_received(rank), plan.bytes_sent(rank)):
+        errors.append(
+            f"{what}: moved (received, sent) {(stats.bytes_received, stats.bytes_sent)}, "
+            f"planned {(plan.bytes_received(rank), plan.bytes_sent(rank))}"
+        )
+
+
+def run_case(world: World, index: int, a: str, b: str, how: str) -> dict:
+    """A -> a new copy in B -> a new copy in A; checks on every rank that holds a copy."""
+    rank = world.rank
+    src, ref = _source(world, a, how)
+    there, back = world.plan(a, b, fsdp_a=how != "plain"), world.plan(b, a)
+    errors: list[str] = []
+    out = {"errors": errors, "bytes": (0, 0)}
+    copy_b = world.copy(b)
+    if rank in (*there.src_workers, *there.dst_workers):
+        stats = reallocate(there, rank, src, copy_b, TIMEOUT_S, first_tag=index * TAGS_PER_CASE)
+        _check_bytes(rank, there, stats, "A->B", errors)
+        out["bytes"] = (stats.bytes_received, stats.bytes_sent)
+    if copy_b is not None:
+        _check_layout(rank, copy_b, there, ref, "copy B", errors, whole=True)
+    copy_a = world.copy(a)
+    if rank in (*back.src_workers, *back.dst_workers):
+        stats = reallocate(back, rank, copy_b, copy_a, TIMEOUT_S, first_tag=index * TAGS_PER_CASE + 50)
+        _check_bytes(rank, back, stats, "B->A", errors)
+    if copy_a is not None:
+        _check_layout(rank, copy_a, back, ref, "copy A", errors, whole=False)
+        if how == "plain":  # the very shards A started from, bit for bit
+            mine = dict(copy_a.named_parameters())
+            errors += [
+                f"round trip: {n} differs"
+                for n, p in src.named_parameters()
+                if not torch.equal(local(p), local(mine[n]))
+            ]
+    return out
+
+
+def run_baseline(world: World, tag: int) -> dict:
+    """Gather on one rank, then broadcast the whole model: the same weights, more bytes."""
+    a, b = "d2m2", "d2m1@2"
+    src, ref = _source(world, a, "plain")
+    copy_b = world.copy(b)
+    stats = gather_broadcast(
+        world.params, world.sides[a, False], world.sides[b, False], world.rank, src, copy_b, TIMEOUT_S, tag
+    )
+    errors = [] if copy_b is None else [n for n, p in copy_b.named_parameters() if not torch.equal(p, ref[n])]
+    return {"errors": errors, "received": stats.bytes_received, "sent": stats.bytes_sent}
+
+
+def run_bad_layout(world: World) -> str | None:
+    """A plan that says whole while the module is FSDP-sharded is refused before anything moves."""
+    src, _ = _source(world, "d2m1", "fsdp")  # a collective of workers 0 and 1
+    if src is None:
+        return None
+    copy = world.copy("d1m1")
+    try:
+        reallocate(world.plan("d2m1", "d1m1"), world.rank, src, copy, TIMEOUT_S, first_tag=10**6)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def run_dead_peer(world: World, tag: int) -> dict | None:
+    """Worker 1 stays up but never joins; worker 0 waits for its half at most the timeout. Last:
+    gloo closes the pair of workers that timed out, so they cannot talk after it."""
+    src, _ = _source(world, "d1m2", "plain")
+    copy, done = world.copy("d1m1"), torch.zeros(1)
+    if world.rank == 1:  # busy elsewhere until worker 0 gives up: told, or its pair closed
+        with contextlib.suppress(RuntimeError):
+            dist.recv(done, src=0, tag=tag + 1)
+    if world.rank != 0:
+        return None
+    start = time.monotonic()
+    try:
+        reallocate(world.plan("d1m2", "d1m1"), 0, src, copy, DEAD_PEER_TIMEOUT_S, first_tag=tag)
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    seconds = time.monotonic() - start
+    with contextlib.suppress(RuntimeError):
+        dist.send(done, dst=1, tag=tag + 1)
+    return {"error": error, "seconds": seconds}
+
+
+def worker(rank: int) -> dict:
+    world = World.build(rank)
+    start = time.monotonic()
+    results = {case_name(*c): run_case(world, i, *c) for i, c in enumerate(CASES)}
+    results["baseline"] = run_baseline(world, len(CASES) * TAGS_PER_CASE)
+    results["bad-layout"] = run_bad_layout(world)
+    results["seconds"] = time.monotonic() - start
+    results["dead-peer"] = run_dead_peer(world, (len(CASES) + 1) * TAGS_PER_CASE)
+    return results
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_ranks(worker, tmp_path_factory.mktemp("realloc"), n=4)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_name(*c) for c in CASES])
+def test_a_round_trip_through_another_layout_is_bit_exact(ranks, case):
+    name = case_name(*case)
+    for rank, r in enumerate(ranks):
+        assert r[name]["errors"] == [], (rank, r[name]["errors"])
+    received = sum(r[name]["bytes"][0] for r in ranks)
+    assert received == sum(r[name]["bytes"][1] for r in ranks)
+    if case[0] == case[1] and case[2] == "plain":
+        assert received == 0  # the same layout: every worker already holds its part
+
+
+def test_the_baseline_gives_the_same_weights_and_moves_more(ranks):
+    params = model_param_specs(CFG, torch.float32)
+    side_a, side_b = side_for(CFG, PLACEMENTS["d2m2"]), side_for(CFG, PLACEMENTS["d2m1@2"])
+    assert all(r["baseline"]["errors"] == [] for r in ranks)
+    moved = sum(r["baseline"]["received"] for r in ranks)
+    assert moved == sum(r["baseline"]["sent"] for r in ranks)
+    assert moved == gather_broadcast_bytes(params, side_a, side_b)
+    assert moved > plan_realloc(params, side_a, side_b).total_bytes
+
+
+def test_a_plan_that_does_not_match_the_modules_shards_is_refused(ranks):
+    for message in (ranks[0]["bad-layout"], ranks[1]["bad-layout"]):
+        assert message is not None and "source parameter" in message and "shape" in message
+
+
+def test_a_peer_that_never_comes_gives_an_error_within_the_timeout(ranks):
+    dead = ranks[0]["dead-peer"]
+    assert dead["error"] is not None and "worker 0" in dead["error"] and "[1]" in dead["error"]
+    assert DEAD_PEER_TIMEOUT_S - 0.5 <= dead["seconds"] < DEAD_PEER_TIMEOUT_S + 5
