@@ -29,12 +29,14 @@ from realrl.impl.model.backend import dp
 from realrl.impl.model.parallel.mesh import ParallelContext, build_contexts
 from realrl.system import checkpointing, names
 from realrl.system.data_transfer import TensorStore, run_transfers
+from realrl.system.model_copies import ModelCopies
 from realrl.system.protocol import (
     EvaluateRequest,
     FetchReply,
     FetchRequest,
     InitializeRequest,
     LoadRecoverRequest,
+    MFCCall,
     MFCReply,
     MFCRequest,
     SaveRequest,
@@ -109,6 +111,7 @@ class ModelWorker(WorkerBase):
         self.models: dict[str, model_api.Model] = {}
         self.interfaces: dict[str, model_api.ModelInterface] = {}
         self.parallel: dict[str, ParallelContext] = {}
+        self.copies: ModelCopies | None = None  # built at setup, with the meshes
         self.loader: ShardLoader | None = None
         self.eval_batches: dict[str, list[SequenceSample]] = {}
         self.tokenizer = None
@@ -156,8 +159,10 @@ class ModelWorker(WorkerBase):
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL and the engines use this worker's own GPU
         self._init_process_group()
-        self.parallel = build_contexts(
-            req.placements, cfg.worker_index, device.type, datetime.timedelta(seconds=self.timeouts.transfer)
+        timeout = datetime.timedelta(seconds=self.timeouts.transfer)
+        self.parallel = build_contexts(req.placements, cfg.worker_index, device.type, timeout)
+        self.copies = ModelCopies(
+            cfg.worker_index, cfg.device, cfg.shards + cfg.copies, self.parallel, timeout
         )
         if cfg.tokenizer_path:
             self.tokenizer = data_api.load_hf_tokenizer(cfg.tokenizer_path)
@@ -283,20 +288,41 @@ class ModelWorker(WorkerBase):
         return reply
 
     def _run_mfc(self, req: MFCRequest) -> MFCReply:
+        realloc = None if req.realloc is None else self._reallocate(req)
         run_transfers(self.store, req.pieces, self.config.worker_index, self.timeouts.transfer)
         call = req.call
         if call is None:
-            return MFCReply()
+            return MFCReply(realloc=realloc)
+        try:
+            reply = self._call(call)
+        finally:
+            if call.drop_copy:
+                self.copies.drop(call.copy)
+        reply.realloc = realloc
+        return reply
+
+    def _reallocate(self, req: MFCRequest) -> dict[str, float]:
+        order = req.realloc
+        home = self.models.get(order.role) if self.config.worker_index in order.src.workers else None
+        tokenizer = home.tokenizer if home is not None else self.tokenizer
+        logger.info("%s reallocating %s: %s -> %s", self.name, order.role, order.src, order.dst)
+        return self.copies.reallocate(order, home, tokenizer)
+
+    def _call(self, call: MFCCall) -> MFCReply:
         mfc = self.mfcs[call.mfc]
         data = self.store.assemble(call.input_meta)
         if mfc.input_key_remap:
             data.remap_keys_(mfc.input_key_remap)
-        model = self.models[mfc.role]
+        model = self.models[mfc.role] if call.copy is None else self.copies[call.copy]
         interface = self.interfaces[mfc.name]
         # Every call draws from its own stream, so results do not depend on how calls of
         # different models interleave on this worker (same seed, same numbers, any launcher).
+        # A generate call's stream is the same on every dp rank: each sequence samples with
+        # noise keyed by its sample id, so the tokens do not depend on how the batch is split.
+        generates = mfc.interface_type is ModelInterfaceType.GENERATE
         seeding.set_random_seed(
-            (self.config.seed * 1_000_003 + zlib.crc32(mfc.name.encode()) + call.step) % 2**31, call.dp_rank
+            (self.config.seed * 1_000_003 + zlib.crc32(mfc.name.encode()) + call.step) % 2**31,
+            0 if generates else call.dp_rank,
         )
         if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
             # the interface advances model.version (PPO may step the optimizer several times)

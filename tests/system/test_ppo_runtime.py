@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from system_graphs import alive, deterministic, kill_when_running, wait_all_exit
 
 from realrl.api.core.config import DatasetAbstraction, ModelAbstraction, ModelBackendAbstraction
 from realrl.api.core.config import ModelInterfaceAbstraction as Impl
-from realrl.api.core.layout import Layout
+from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec, Timeouts
 from realrl.apps.main import run_experiment
 
@@ -136,17 +137,28 @@ def assert_close_stats(got: list[dict], want: list[dict], rel: float = 2e-3) -> 
 
 
 ONE_WORKER = {"actor": [0], "ref": [0], "critic": [0], "reward": [0]}
+
+
+@pytest.fixture(scope="module")
+def one_worker_run(ppo_files, tmp_path_factory):
+    """Every model on one worker: the statistics (and weights) other layouts must give."""
+    tokenizer, prompts = ppo_files
+    cfg = ppo_config(tmp_path_factory.mktemp("d1"), "d1", tokenizer, prompts, allocations=ONE_WORKER)
+    return cfg, run_experiment(cfg, "local")
+
+
 TP_LAYOUT = {"actor": [0, 1], "ref": [0], "critic": [0, 1], "reward": [1]}
 
 
-def test_tensor_parallel_ppo_matches_one_worker_local_and_ray(ppo_files, tmp_path, ray_cluster):
+def test_tensor_parallel_ppo_matches_one_worker_local_and_ray(
+    ppo_files, tmp_path, ray_cluster, one_worker_run
+):
     """actor and critic split over two workers (d1m2p1) give one worker's statistics and weights."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     tokenizer, prompts = ppo_files
-    whole_cfg = ppo_config(tmp_path, "d1", tokenizer, prompts, allocations=ONE_WORKER)
-    whole = run_experiment(whole_cfg, "local")
+    whole_cfg, whole = one_worker_run
     layouts = {"actor": "d1m2p1", "critic": "d1m2p1"}
     tp_cfg = ppo_config(tmp_path, "tp", tokenizer, prompts, allocations=TP_LAYOUT, layouts=layouts)
     assert_close_stats(run_experiment(tp_cfg, "local"), whole)
@@ -237,4 +249,101 @@ def test_a_worker_killed_during_tensor_parallel_training_stops_the_run(ppo_files
     assert killed_at and killed_at[0] is not None, "the run never got going"
     assert stopped_at - killed_at[0] < 30
     assert info.value.worker == "model_worker/1"
+    assert wait_all_exited(worker_pids(cfg).values()) == []
+
+
+# the actor trains split over workers 0 and 1 (its home) and generates as two whole replicas,
+# on the same workers (colocated, time-sharing them) or on two others (disjoint)
+TP_HOME = {"actor": [0, 1], "ref": [0], "critic": [0], "reward": [0]}
+
+
+def per_call_config(tmp_path, trial, ppo_files, gen_workers, **extra) -> ExperimentConfig:
+    tokenizer, prompts = ppo_files
+    return ppo_config(
+        tmp_path,
+        trial,
+        tokenizer,
+        prompts,
+        allocations=TP_HOME,
+        layouts={"actor": "d1m2p1"},
+        mfc_placements={"actor_gen": Placement(Layout(2), gen_workers)},
+        **extra,
+    )
+
+
+def without_realloc(stats: list[dict]) -> list[dict]:
+    return [{k: v for k, v in s.items() if not k.startswith("realloc/")} for s in stats]
+
+
+def actor_bytes() -> int:
+    from realrl.api.core.model_api import ReaLModelConfig
+    from realrl.impl.model.nn.real_model import ReaLModel
+
+    return 4 * sum(p.numel() for p in ReaLModel(ReaLModelConfig(**TINY), device="meta").parameters())
+
+
+@pytest.mark.parametrize(
+    "trial, gen_workers, mode, keep",
+    [
+        ("colocated", (0, 1), "local", False),
+        ("disjoint", (2, 3), "local", True),
+        ("colocated-ray", (0, 1), "ray", False),
+    ],
+)
+def test_per_call_layouts_give_one_workers_statistics(
+    ppo_files, tmp_path, ray_cluster, one_worker_run, trial, gen_workers, mode, keep
+):
+    """actor_train in d1m2p1, actor_gen in d2m1p1: the weights move before every generation and
+    the run gives the statistics of everything on one worker; each move is in stats.jsonl."""
+    _, whole = one_worker_run
+    cfg = per_call_config(tmp_path, trial, ppo_files, gen_workers)
+    cfg.models["actor"].keep_gen_copy = keep
+    stats = run_experiment(cfg, mode)
+    assert_close_stats(without_realloc(stats), whole)
+    target = ",".join(map(str, gen_workers))
+    for record in stats:
+        assert record["realloc/actor/count"] == 1.0  # before each step's generation
+        assert record["realloc/actor/moves"] == f"d1m2p1@0,1 -> d2m1p1@{target}"
+        assert record["realloc/actor/seconds"] > 0 and record["timing"]["realloc/actor"] > 0
+        if gen_workers == (0, 1):  # each worker lacks only the other's half of the split weights
+            assert 0 < record["realloc/actor/bytes"] < actor_bytes()
+        else:  # two workers that hold nothing receive the whole model each
+            assert record["realloc/actor/bytes"] == 2 * actor_bytes()
+    assert wait_all_exited(worker_pids(cfg).values()) == []
+
+
+def test_a_worker_killed_during_a_reallocation_stops_the_run(ppo_files, tmp_path):
+    """The receiving worker dies as it starts a reallocation; its senders wait on it in vain.
+    The run stops at once, naming it, with no process left."""
+    import threading
+    import time
+
+    from realrl.apps.main import ExperimentFailedError
+
+    cfg = per_call_config(tmp_path, "realloc-kill", ppo_files, (2, 3), total_train_epochs=1000)
+    cfg.total_train_steps = None
+    victim = "model_worker/3"
+    killed_at = []
+
+    def kill_at_second_reallocation() -> None:
+        log = os.path.join(cfg.log_dir, "model_worker-3.log")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if os.path.exists(log):
+                with open(log) as f:
+                    if f.read().count("reallocating actor") >= 2:
+                        os.kill(worker_pids(cfg)[victim], signal.SIGKILL)
+                        killed_at.append(time.monotonic())
+                        return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_at_second_reallocation)
+    killer.start()
+    with pytest.raises(ExperimentFailedError) as info:
+        run_experiment(cfg, "local")
+    stopped_at = time.monotonic()
+    killer.join()
+    assert killed_at, "the run never reached its second reallocation"
+    assert stopped_at - killed_at[0] < 30
+    assert info.value.worker == victim
     assert wait_all_exited(worker_pids(cfg).values()) == []

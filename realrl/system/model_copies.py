@@ -1,0 +1,97 @@
+"""The copies of models a worker holds for calls placed outside their model's home.
+
+A copy is an inference-only model (no optimizer, never FSDP) in the call's layout: built empty
+on first use, filled from the home ranks by a planned reallocation
+(``realrl.impl.model.comm``), freed after its call unless its role keeps it
+(``<role>.keep_gen_copy``). The home model, and with it the optimizer state, is never touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from realrl.api.core import data_api, model_api
+from realrl.api.core.system_api import ModelShardSpec, copy_name
+from realrl.api.quickstart.memory_plan import model_config
+from realrl.impl.model.backend.config import EngineConfig, coerce
+from realrl.impl.model.backend.engine import InferenceEngine
+from realrl.impl.model.comm.realloc import build_copy, model_param_specs, reallocate, side_for
+from realrl.impl.model.comm.realloc_plan import ReallocPlan, plan_realloc
+from realrl.impl.model.parallel.mesh import ParallelContext
+from realrl.system.protocol import ReallocOrder
+
+
+def _engine_config(spec: Any) -> EngineConfig:
+    return coerce(EngineConfig, spec.backend.args.get("engine"), "backend 'engine'")
+
+
+class ModelCopies:
+    def __init__(
+        self,
+        me: int,
+        device: str,
+        specs: list[ModelShardSpec],
+        parallel: dict[str, ParallelContext],
+        timeout: datetime.timedelta,
+    ):
+        self.me, self.device, self.parallel, self.timeout = me, device, parallel, timeout
+        self.specs = {s.role: s.spec for s in specs}
+        self.live: dict[str, model_api.Model] = {}
+        self.plans: dict[str, ReallocPlan] = {}
+
+    def __getitem__(self, name: str) -> model_api.Model:
+        return self.live[name]
+
+    def drop(self, name: str) -> None:
+        self.live.pop(name, None)
+
+    def reallocate(
+        self, order: ReallocOrder, home: model_api.Model | None, tokenizer: Any
+    ) -> dict[str, float]:
+        """Take part in ``order``: send what this worker's home rank holds (``home``: None when it
+        holds none), receive what its copy lacks. Returns bytes sent, received and seconds."""
+        name = copy_name(order.role, order.dst)
+        dst = None
+        if self.me in order.dst.workers:
+            if name not in self.live:
+                self.live[name] = self._build(order.role, name, tokenizer)
+            dst = self.live[name].module.module
+        src = None if home is None else home.module.module
+        plan = self._plan(order, name, self.specs[order.role])
+        stats = reallocate(plan, self.me, src, dst, self.timeout.total_seconds(), order.first_tag)
+        return {
+            "bytes_sent": stats.bytes_sent,
+            "bytes_received": stats.bytes_received,
+            "seconds": stats.seconds,
+        }
+
+    def _plan(self, order: ReallocOrder, name: str, spec: Any) -> ReallocPlan:
+        """The same plan on every worker of the order: a pure function of the two placements and
+        the architecture (cached: a copy is refilled in the same layouts every step)."""
+        if name not in self.plans:
+            cfg, engine = model_config(spec), _engine_config(spec)
+            wire = engine.resolve_dtype(self.device)  # the copy's dtype: slices are cast before sending
+            self.plans[name] = plan_realloc(
+                model_param_specs(cfg, wire), side_for(cfg, order.src, engine.fsdp), side_for(cfg, order.dst)
+            )
+        return self.plans[name]
+
+    def _build(self, role: str, name: str, tokenizer: Any) -> model_api.Model:
+        spec = self.specs[role]
+        engine = dataclasses.replace(_engine_config(spec), fsdp=False)
+        parallel = self.parallel[name]
+        parallel = parallel if parallel.mesh is not None else None
+        dtype = engine.resolve_dtype(self.device)
+        module = build_copy(
+            model_config(spec), parallel, self.device, dtype, spec.model.args.get("attn_impl", "auto")
+        )
+        wrapped = InferenceEngine(module, engine, device=self.device, parallel=parallel)
+        if tokenizer is None and spec.model.args.get("path"):
+            tokenizer = data_api.load_hf_tokenizer(
+                spec.model.args.get("tokenizer_path") or spec.model.args["path"]
+            )
+        return model_api.Model(
+            model_api.ModelName(role), wrapped, tokenizer, device=self.device, dtype=wrapped.dtype
+        )
