@@ -21,6 +21,7 @@ SHORT = [
     "dataset.train_bs_n_seqs=8",
     'prerequisite_overrides=["exp_ctrl.total_train_steps=2","dataset.train_bs_n_seqs=8"]',
 ]
+PPO_EXTRA = ("ppo.ppo_n_minibatches=2", "toy_eval_prompts=32")
 TOY_SUMMARY_KEYS = (
     "sft_true_reward_mean",
     "sft_true_reward_std",
@@ -72,7 +73,7 @@ def test_sft_then_rw_reuse_and_save(fileroot):
 
 
 def test_ppo_default_writes_the_toy_summary(fileroot):
-    cfg, summary = run("ppo", fileroot, "ppo.ppo_n_minibatches=2", "toy_eval_prompts=32")
+    cfg, summary = run("ppo", fileroot, *PPO_EXTRA)
     on_disk = assert_run_outputs(cfg.run_dir)
     for key in TOY_SUMMARY_KEYS:
         assert on_disk[key] is not None, key
@@ -99,16 +100,13 @@ def test_sft_with_fsdp_over_two_workers_evaluates_and_saves_a_whole_model(filero
     assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in reference.items()}
 
 
-def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fileroot):
-    """The toy PPO with actor and critic split over two workers (loaded split from the SFT and
-    reward checkpoints) against the run above on one worker."""
-    extra = ("ppo.ppo_n_minibatches=2", "toy_eval_prompts=32")
-    layout = 'allocation_mode="actor:d1m2p1,critic:d1m2p1,*:d1m1p1"'
-    cfg, _ = run("ppo", fileroot, *extra, layout, "trial_name=tp")
-    base = build_config("ppo", [f"fileroot={fileroot}", *SHORT, *extra])
+def assert_same_statistics_as_one_worker(fileroot, run_dir):
+    """Every statistic of the run in ``run_dir`` equals the default run's (everything on one
+    worker, ``test_ppo_default_writes_the_toy_summary``) within fp32 tolerance."""
+    base = build_config("ppo", [f"fileroot={fileroot}", *SHORT, *PPO_EXTRA])
     with open(os.path.join(base.run_dir, "stats.jsonl")) as f:
         want = [json.loads(line) for line in f]
-    with open(os.path.join(cfg.run_dir, "stats.jsonl")) as f:
+    with open(os.path.join(run_dir, "stats.jsonl")) as f:
         got = [json.loads(line) for line in f]
     assert len(got) == len(want) == 2
     for g, w in zip(got, want):
@@ -116,6 +114,28 @@ def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fil
             if isinstance(v, float) and k not in ("time",):
                 tol = 0.01 if k.endswith("clip_frac") else 1e-4  # a borderline token may tip a fraction
                 assert g[k] == pytest.approx(v, rel=1e-3, abs=tol), (g["step"], k)
+    return got
+
+
+def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fileroot):
+    """The toy PPO with actor and critic split over two workers (loaded split from the SFT and
+    reward checkpoints) against the run above on one worker."""
+    layout = 'allocation_mode="actor:d1m2p1,critic:d1m2p1,*:d1m1p1"'
+    cfg, _ = run("ppo", fileroot, *PPO_EXTRA, layout, "trial_name=tp")
+    assert_same_statistics_as_one_worker(fileroot, cfg.run_dir)
+
+
+def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statistics(fileroot):
+    """The actor trains split over two workers and generates as two whole replicas on the same
+    workers: its weights move before every generation, and the run gives one worker's numbers."""
+    layout = 'allocation_mode="actor_train:d1m2p1,actor_gen:d2m1p1,*:d1m1p1"'
+    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, layout, "trial_name=per-call")
+    got = assert_same_statistics_as_one_worker(fileroot, cfg.run_dir)
+    for record in got:
+        assert record["realloc/actor/moves"] == "d1m2p1@0,1 -> d2m1p1@0,1"
+        assert record["realloc/actor/bytes"] > 0 and record["realloc/actor/count"] == 1.0
+        assert record["timing"]["realloc/actor"] > 0
+    assert summary["realloc/actor/bytes"] == got[-1]["realloc/actor/bytes"]
 
 
 @pytest.mark.parametrize(
