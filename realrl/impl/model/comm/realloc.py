@@ -100,21 +100,6 @@ def model_param_specs(cfg: ReaLModelConfig, wire_dtype: torch.dtype) -> dict[str
 # ---------------------------------------------------------------- an empty model for a layout
 
 
-def materialize(model: ReaLModel, device: torch.device | str) -> None:
-    """Allocate a model built on "meta" on ``device`` (values undefined), then recompute what no
-    parameter holds: the rotary frequencies (a non-persistent buffer) and the tied head, which
-    ``to_empty`` unties. The same steps as loading a split checkpoint (``hf_io._load_split``)."""
-    from realrl.impl.model.modules.rotary import rotary_inv_freq
-
-    cfg = model.config
-    model.to_empty(device=device)
-    if cfg.tied_embedding and not cfg.is_critic:
-        model.head.weight = model.embed.wte.weight
-    if model.rotary is not None:
-        with torch.no_grad():
-            model.rotary.inv_freq.copy_(rotary_inv_freq(cfg.head_dim, cfg.rotary_base, cfg.rotary_scaling))
-
-
 def build_copy(
     cfg: ReaLModelConfig,
     parallel: ParallelContext | None,
@@ -131,7 +116,7 @@ def build_copy(
         model = ReaLModel(cfg, dtype=dtype, device="meta", attn_impl=attn_impl)
     if parallel is not None and parallel.mesh is not None and parallel.layout.tp > 1:
         apply_tensor_parallel(model, parallel.tp_mesh)
-    materialize(model, device)
+    model.materialize(device)
     return model.eval().requires_grad_(False)
 
 

@@ -232,7 +232,6 @@ def _local_index(param: torch.Tensor) -> tuple[slice, ...]:
 def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh):
     """Build on "meta", split over ``tp_mesh``, allocate this rank's shards on the mesh's device and
     fill them from the checkpoint, reading each renamed tensor's slice only."""
-    from realrl.impl.model.modules.rotary import rotary_inv_freq
     from realrl.impl.model.parallel.dtensor import local
     from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel
 
@@ -245,11 +244,7 @@ def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init,
     )
     apply_tensor_parallel(model, tp_mesh)
     on_cpu = tp_mesh.device_type == "cpu"
-    model.to_empty(
-        device=torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
-    )
-    if cfg.tied_embedding and not cfg.is_critic:
-        model.head.weight = model.embed.wte.weight
+    model.materialize(torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device()))
     reader = CheckpointReader(path)
     sources = _sources(reader, family, cfg)
     sources.update(_saved_head(path, raw))
@@ -265,8 +260,6 @@ def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init,
     _check_loaded(path, family, cfg, CRITIC_MARKER in raw, missing, unexpected)
     if cfg.is_critic and CRITIC_MARKER not in raw:
         model.reset_critic_head()
-    if model.rotary is not None:
-        model.rotary.inv_freq.copy_(rotary_inv_freq(cfg.head_dim, cfg.rotary_base, cfg.rotary_scaling))
     model.checkpoint_bytes_read = reader.bytes_read
     return model
 

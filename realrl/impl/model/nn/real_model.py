@@ -93,6 +93,20 @@ class ReaLModel(nn.Module):
         elif config.tied_embedding:
             self.head.weight = self.embed.wte.weight
 
+    @torch.no_grad()
+    def materialize(self, device: torch.device | str) -> None:
+        """Allocate a model built on "meta" (or split there) on ``device``, values undefined, and
+        recompute what no parameter holds: the rotary frequencies (a non-persistent buffer) and
+        the tied head, which ``to_empty`` unties. The caller fills the parameters."""
+        from realrl.impl.model.modules.rotary import rotary_inv_freq
+
+        cfg = self.config
+        self.to_empty(device=device)
+        if cfg.tied_embedding and not cfg.is_critic:
+            self.head.weight = self.embed.wte.weight
+        if self.rotary is not None:
+            self.rotary.inv_freq.copy_(rotary_inv_freq(cfg.head_dim, cfg.rotary_base, cfg.rotary_scaling))
+
     def reset_critic_head(self) -> None:
         """A critic's new head from its own seed (nothing to do on "meta": no values yet)."""
         device = self.head.weight.device
