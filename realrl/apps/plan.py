@@ -79,7 +79,7 @@ def plan(argv: list[str]) -> str:
         for role, spec in exp.models.items()
     }
     if n_devices is not None and exp.n_model_workers > n_devices:
-        layouts = ", ".join(f"{r}:{exp.layouts[r]}@{exp.allocations[r][0]}" for r in sorted(exp.layouts))
+        layouts = ", ".join(f"{m.name}:{exp.call_placement(m.name)}" for m in exp.mfcs)
         raise ValueError(
             f"the layouts ({layouts}) need {exp.n_model_workers} workers > n_devices={n_devices}"
         )

@@ -35,7 +35,8 @@ class ReallocResult:
 
     move: str  # "<home placement> -> <copy placement>"
     bytes: int  # received, summed over the workers
-    seconds: float  # the slowest worker's
+    seconds: float  # moving, once every worker was there: the slowest worker's
+    wait_seconds: float  # the longest any worker waited for the others to arrive
 
 
 @dataclasses.dataclass
@@ -143,6 +144,7 @@ def _realloc_result(order: ReallocOrder | None, replies: dict[int, MFCReply]) ->
         move=f"{order.src} -> {order.dst}",
         bytes=int(sum(r.get("bytes_received", 0) for r in reports)),
         seconds=max((r.get("seconds", 0.0) for r in reports), default=0.0),
+        wait_seconds=max((r.get("wait_seconds", 0.0) for r in reports), default=0.0),
     )
 
 

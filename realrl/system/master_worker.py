@@ -124,7 +124,7 @@ class MasterWorker:
         logger.info("all %d model workers connected", len(self.workers))
         replies = await post_all(
             self.stream,
-            dict.fromkeys(self.workers, SetupRequest(cfg.mesh_placements())),
+            dict.fromkeys(self.workers, SetupRequest(cfg.mesh_placements(), cfg.realloc_groups())),
             "setup",
             t.setup,
         )
@@ -414,13 +414,16 @@ class MasterWorker:
 
 def _record_realloc(record: dict, role: str, result: CallResult) -> None:
     """A step's reallocations of ``role`` under ``realloc/<role>/...``: bytes received (all
-    workers), seconds (the slowest worker, summed over the step's moves), count and moves."""
+    workers), seconds moving and seconds waiting for busy workers to arrive (the slowest worker,
+    summed over the step's moves), count and moves."""
     moved = result.realloc
     if moved is None:
         return
     prefix = f"realloc/{role}"
     record[f"{prefix}/bytes"] = record.get(f"{prefix}/bytes", 0.0) + float(moved.bytes)
     record[f"{prefix}/seconds"] = round(record.get(f"{prefix}/seconds", 0.0) + moved.seconds, 4)
+    waited = record.get(f"{prefix}/wait_seconds", 0.0) + moved.wait_seconds
+    record[f"{prefix}/wait_seconds"] = round(waited, 4)
     record[f"{prefix}/count"] = record.get(f"{prefix}/count", 0.0) + 1.0
     moves = record.get(f"{prefix}/moves")
     record[f"{prefix}/moves"] = moved.move if moves is None else f"{moves}; {moved.move}"

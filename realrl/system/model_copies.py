@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
 from typing import Any
+
+import torch.distributed as dist
 
 from realrl.api.core import data_api, model_api
 from realrl.api.core.system_api import ModelShardSpec, copy_name
@@ -34,9 +37,11 @@ class ModelCopies:
         device: str,
         specs: list[ModelShardSpec],
         parallel: dict[str, ParallelContext],
+        groups: dict[tuple[int, ...], dist.ProcessGroup],
         timeout: datetime.timedelta,
     ):
         self.me, self.device, self.parallel, self.timeout = me, device, parallel, timeout
+        self.groups = groups  # the workers of each reallocation this worker takes part in
         self.specs = {s.role: s.spec for s in specs}
         self.live: dict[str, model_api.Model] = {}
         self.plans: dict[str, ReallocPlan] = {}
@@ -51,7 +56,8 @@ class ModelCopies:
         self, order: ReallocOrder, home: model_api.Model | None, tokenizer: Any
     ) -> dict[str, float]:
         """Take part in ``order``: send what this worker's home rank holds (``home``: None when it
-        holds none), receive what its copy lacks. Returns bytes sent, received and seconds."""
+        holds none), receive what its copy lacks. Returns bytes sent and received, seconds waiting
+        for the other workers of the order (busy with earlier calls) and seconds moving."""
         name = copy_name(order.role, order.dst)
         dst = None
         if self.me in order.dst.workers:
@@ -60,11 +66,15 @@ class ModelCopies:
             dst = self.live[name].module.module
         src = None if home is None else home.module.module
         plan = self._plan(order, name, self.specs[order.role])
+        tik = time.monotonic()
+        dist.barrier(group=self.groups[tuple(order.workers)])
+        waited = time.monotonic() - tik
         stats = reallocate(plan, self.me, src, dst, self.timeout.total_seconds(), order.first_tag)
         return {
             "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received,
             "seconds": stats.seconds,
+            "wait_seconds": waited,
         }
 
     def _plan(self, order: ReallocOrder, name: str, spec: Any) -> ReallocPlan:

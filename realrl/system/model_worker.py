@@ -161,8 +161,11 @@ class ModelWorker(WorkerBase):
         self._init_process_group()
         timeout = datetime.timedelta(seconds=self.timeouts.transfer)
         self.parallel = build_contexts(req.placements, cfg.worker_index, device.type, timeout)
+        # like meshes, groups are created by every worker in one order, kept by their members
+        groups = {ws: dist.new_group(list(ws), timeout=timeout) for ws in req.realloc_groups}
+        mine = {ws: g for ws, g in groups.items() if cfg.worker_index in ws}
         self.copies = ModelCopies(
-            cfg.worker_index, cfg.device, cfg.shards + cfg.copies, self.parallel, timeout
+            cfg.worker_index, cfg.device, cfg.shards + cfg.copies, self.parallel, mine, timeout
         )
         if cfg.tokenizer_path:
             self.tokenizer = data_api.load_hf_tokenizer(cfg.tokenizer_path)

@@ -14,6 +14,7 @@ from realrl.system.data_transfer import TransferPiece
 class SetupRequest:
     # every layout of every model (homes by role, copies by ``copy_name``): all workers build every mesh
     placements: dict[str, Placement]
+    realloc_groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

@@ -1,5 +1,6 @@
 """The memory plan's arithmetic, by hand, on a tiny model; and the ``realrl.apps.plan`` command."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from realrl.api.core.config import (
     ModelInterfaceAbstraction,
 )
 from realrl.api.core.dfg import MFCDef
-from realrl.api.core.layout import Layout
+from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.memory_plan import (
@@ -45,7 +46,7 @@ def spec(engine="train", dtype="bf16", fsdp=False, critic=False, offload=False, 
     return ModelSpec(model, ModelBackendAbstraction(engine, args))
 
 
-def exp(models: dict, layouts: dict, allocations: dict | None = None) -> ExperimentConfig:
+def exp(models: dict, layouts: dict, allocations: dict | None = None, **extra) -> ExperimentConfig:
     """actor generates and trains; every other role runs one inference call."""
     iface = ModelInterfaceAbstraction(
         "x", {"ppo": {"gen": {"n": N, "max_new_tokens": NEW}, "ppo_n_minibatches": 1}}
@@ -62,11 +63,11 @@ def exp(models: dict, layouts: dict, allocations: dict | None = None) -> Experim
     layouts = {r: Layout.parse(text) for r, text in layouts.items()}
     allocations = allocations or {r: list(range(lay.world_size)) for r, lay in layouts.items()}
     data = DatasetAbstraction("prompt", {"dataset_path": "x.jsonl", "max_prompt_len": PROMPT})
-    return ExperimentConfig("plan", "test", mfcs, models, allocations, [data], layouts=layouts)
+    return ExperimentConfig("plan", "test", mfcs, models, allocations, [data], layouts=layouts, **extra)
 
 
-def plan(models, layouts, allocations=None):
-    e = exp(models, layouts, allocations)
+def plan(models, layouts, allocations=None, **extra):
+    e = exp(models, layouts, allocations, **extra)
     return plan_memory(e, model_configs(e))
 
 
@@ -162,6 +163,24 @@ def test_colocated_roles_sum_and_offloaded_count_once():
     assert [x.peak_call for x in apart.workers] == ["ref/ref_inf", "reward/reward_inf"]
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_call_in_another_layout_runs_on_a_copy(keep):
+    """actor_train split over workers 0-1 (home: fp32 state), actor_gen as two whole bf16 replicas
+    on the same workers: the copy's weights exist during generation, or always when kept."""
+    gen = Placement(Layout(2, 1, 1), (0, 1))
+    actor = dataclasses.replace(spec(), keep_gen_copy=keep)
+    p = plan({"actor": actor}, {"actor": "d1m2p1"}, mfc_placements={"actor_gen": gen})
+    home, copy = p.roles["actor"], p.roles["actor@d2m1p1@0,1"]
+    assert home.params == PARAMS_TP2 and list(home.calls) == ["actor_train"]
+    assert (copy.params, copy.weights, copy.grads, copy.optimizer) == (PARAMS, 2 * PARAMS, 0, 0)
+    assert copy.kv_cache == 2 * 2 * 2 * 2 * 2 * 4 * 8  # whole kv heads, half the sequences
+    assert copy.resident == (2 * PARAMS if keep else 0)
+    assert copy.calls["actor_gen"] - (0 if keep else copy.weights) == copy.kv_cache + copy.activations
+    for w in p.workers:
+        assert w.roles == ("actor", "actor@d2m1p1@0,1")
+        assert w.resident == 12 * PARAMS_TP2 + copy.resident
+
+
 def test_check_fits_names_the_worker_roles_layouts_and_bytes():
     p = plan({"actor": spec(), "ref": spec("inference")}, {"actor": "d1m2p1", "ref": "d2m1p1"})
     peak = p.workers[0].peak
@@ -206,6 +225,7 @@ def test_command_checks_workers_against_n_devices(tmp_path):
     out = run_plan(tmp_path, "ppo", "allocation_mode=d1m2p1", "n_devices=1")
     assert out.returncode == 2
     assert out.stderr.strip() == (
-        "error: the layouts (actor:d1m2p1@0, critic:d1m2p1@0, ref:d1m2p1@0, reward:d1m2p1@0) "
+        "error: the layouts (actor_gen:d1m2p1@0,1, rew_inf:d1m2p1@0,1, ref_inf:d1m2p1@0,1, "
+        "actor_train:d1m2p1@0,1, critic_inf:d1m2p1@0,1, critic_train:d1m2p1@0,1) "
         "need 2 workers > n_devices=1"
     )

@@ -125,14 +125,22 @@ def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fil
     assert_same_statistics_as_one_worker(fileroot, cfg.run_dir)
 
 
-def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statistics(fileroot):
-    """The actor trains split over two workers and generates as two whole replicas on the same
-    workers: its weights move before every generation, and the run gives one worker's numbers."""
-    layout = 'allocation_mode="actor_train:d1m2p1,actor_gen:d2m1p1,*:d1m1p1"'
-    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, layout, "trial_name=per-call")
+@pytest.mark.parametrize(
+    "trial, gen_at, mode",
+    [("per-call", "", "local"), ("per-call-disjoint", "@2", "local"), ("per-call-ray", "", "ray")],
+)
+def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statistics(
+    fileroot, ray_cluster, trial, gen_at, mode
+):
+    """The actor trains split over workers 0 and 1 and generates as two whole replicas, on the
+    same workers or on workers 2 and 3 of their own: its weights move before every generation,
+    and the run gives one worker's numbers, in local and in ray mode."""
+    layout = f'allocation_mode="actor_train:d1m2p1,actor_gen:d2m1p1{gen_at},*:d1m1p1"'
+    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, layout, f"trial_name={trial}", f"mode={mode}")
     got = assert_same_statistics_as_one_worker(fileroot, cfg.run_dir)
+    gen_workers = "2,3" if gen_at else "0,1"
     for record in got:
-        assert record["realloc/actor/moves"] == "d1m2p1@0,1 -> d2m1p1@0,1"
+        assert record["realloc/actor/moves"] == f"d1m2p1@0,1 -> d2m1p1@{gen_workers}"
         assert record["realloc/actor/bytes"] > 0 and record["realloc/actor/count"] == 1.0
         assert record["timing"]["realloc/actor"] > 0
     assert summary["realloc/actor/bytes"] == got[-1]["realloc/actor/bytes"]

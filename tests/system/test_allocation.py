@@ -122,6 +122,7 @@ def test_experiment_config_with_per_call_placements(tmp_path):
     assert cfg.call_placement("actor_train") == cfg.placement("actor") == Placement(Layout(2), (0, 1))
     assert cfg.copy_placements("actor") == [gen] and cfg.copy_placements("critic") == []
     assert cfg.mesh_placements()["actor d2m1p1@2,3"] == gen
+    assert cfg.realloc_groups() == [(0, 1, 2, 3)]  # the actor's home and its copy
     configs = cfg.model_worker_configs(NameResolveConfig("nfs", str(tmp_path)))
     assert [(c.role, str(c.placement)) for c in configs[2].copies] == [("actor", "d2m1p1@2,3")]
     assert configs[2].shards == [] and sorted(configs[2].interfaces) == ["gen"]

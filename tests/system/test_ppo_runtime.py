@@ -305,6 +305,7 @@ def test_per_call_layouts_give_one_workers_statistics(
         assert record["realloc/actor/count"] == 1.0  # before each step's generation
         assert record["realloc/actor/moves"] == f"d1m2p1@0,1 -> d2m1p1@{target}"
         assert record["realloc/actor/seconds"] > 0 and record["timing"]["realloc/actor"] > 0
+        assert record["realloc/actor/wait_seconds"] >= 0
         if gen_workers == (0, 1):  # each worker lacks only the other's half of the split weights
             assert 0 < record["realloc/actor/bytes"] < actor_bytes()
         else:  # two workers that hold nothing receive the whole model each

@@ -249,6 +249,16 @@ class ExperimentConfig:
             out.update({copy_name(role, p): p for p in self.copy_placements(role)})
         return out
 
+    def realloc_groups(self) -> list[tuple[int, ...]]:
+        """The workers of each reallocation (a model's home and one of its copies), each once:
+        they meet in a barrier before the weights move, so the time measured is the move's."""
+        groups = {
+            tuple(sorted({*self.allocations[role], *p.workers}))
+            for role in self.allocations
+            for p in self.copy_placements(role)
+        }
+        return sorted(groups)
+
     def _used_workers(self) -> list[list[int]]:
         return [*self.allocations.values(), *(list(p.workers) for p in self.mfc_placements.values())]
 

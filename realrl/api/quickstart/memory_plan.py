@@ -11,7 +11,10 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
   and the root unit (embedding, final norm, head), a generate call every unit (``parallel/fsdp.py``).
 - Resident between calls: weights + optimizer state (offloaded roles: nothing). Only during a
   call: gradients (set to None after each step), the KV cache, activations (an estimate) and the
-  weights of an offloaded role. A worker runs one call at a time, so its peak is the sum of its
+  weights of an offloaded role.
+- A call placed outside its model's home runs on a copy (``role@<placement>`` in the tables): weights
+  in the engine's dtype split by the call's layout, no optimizer, on the call's workers; present
+  only during its calls unless ``keep_gen_copy`` keeps it resident. A worker runs one call at a time, so its peak is the sum of its
   roles' resident bytes plus the largest call.
 """
 
@@ -24,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
-from realrl.api.core.layout import Layout
+from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.layout_fit import check_tensor_parallel
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
@@ -184,14 +187,26 @@ def _call_bytes(
     return 0, tokens * (stash + logits_tok) + copy
 
 
-def role_memory(exp: ExperimentConfig, role: str, cfg: ReaLModelConfig | None) -> RoleMemory:
-    """One device's bytes for ``role``; ValueError naming the role and layout if it cannot be split."""
-    spec, layout = exp.models[role], exp.layouts[role]
+def role_memory(
+    exp: ExperimentConfig, role: str, cfg: ReaLModelConfig | None, copy: Placement | None = None
+) -> RoleMemory:
+    """One device's bytes for ``role`` at its home, or for its ``copy`` in another placement (an
+    inference-only copy in the engine's dtype, its weights resident only when the role keeps it);
+    ValueError naming the role and layout if it cannot be split."""
+    spec = exp.models[role]
+    placement = copy or exp.placement(role)
+    layout, workers, name = (
+        placement.layout,
+        tuple(placement.workers),
+        role if copy is None else f"{role}@{copy}",
+    )
     engine, econf = spec.backend.type_, dict(spec.backend.args.get("engine") or {})
     if cfg is None or engine == "null":
-        return RoleMemory(role, layout, tuple(exp.allocations[role]), "null", spec.offload, *[0] * 7, {})
+        return RoleMemory(name, layout, workers, "null", spec.offload, *[0] * 7, {})
     if spec.offload and engine == "train":
         raise ValueError(f"model {role!r} is trained and offloaded: only frozen models may be offloaded")
+    if copy is not None:
+        engine, econf = "inference", {**econf, "fsdp": False}
     try:
         params, layer = param_counts(cfg, layout.tp, layout.pp)
     except ValueError as e:
@@ -201,25 +216,31 @@ def role_memory(exp: ExperimentConfig, role: str, cfg: ReaLModelConfig | None) -
     wbytes = 4 if engine == "train" else _DTYPE_BYTES[econf.get("dtype", "auto")]
     train = engine == "train"
     weights, grads, optimizer = wbytes * params, 4 * params * train, 8 * params * train
+    offload = spec.offload or (copy is not None and not spec.keep_gen_copy)  # off the device between calls
     root = whole - math.ceil(cfg.n_layers / layout.pp) * layer  # embedding, final norm, head
     gathered = {
         kind: wbytes * n * fsdp for kind, n in ((GEN, whole), (TRAIN, layer + root), (INF, layer + root))
     }
     shape, calls, kv_max, act_max, gather_max = _shape(exp), {}, 0, 0, 0
-    for mfc in (m for m in exp.mfcs if m.role == role):
+    for mfc in (m for m in exp.mfcs if m.role == role and exp.call_placement(m.name) == placement):
         kv, act = _call_bytes(mfc, cfg, layout, shape, engine, econf)
         kv_max, act_max = max(kv_max, kv), max(act_max, act)
         step_grads = grads if mfc.interface_type is TRAIN else 0
         gather = gathered[mfc.interface_type]
-        calls[mfc.name] = kv + act + gather + step_grads + (weights if spec.offload else 0)
+        calls[mfc.name] = kv + act + gather + step_grads + (weights if offload else 0)
         gather_max = max(gather_max, gather)
     sizes = (weights, grads, optimizer, kv_max, gather_max, act_max)
-    return RoleMemory(role, layout, tuple(exp.allocations[role]), engine, spec.offload, params, *sizes, calls)
+    return RoleMemory(name, layout, workers, engine, offload, params, *sizes, calls)
 
 
 def plan_memory(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | None]) -> MemoryPlan:
-    """Every role's and every worker's bytes: roles on one worker sum, its largest call on top."""
+    """Every role's (and copy's) and every worker's bytes: roles on one worker sum, its largest
+    call on top."""
     roles = {r: role_memory(exp, r, configs.get(r)) for r in sorted(exp.allocations)}
+    for r in sorted(exp.allocations):
+        for copy in exp.copy_placements(r):
+            memory = role_memory(exp, r, configs.get(r), copy)
+            roles[memory.role] = memory
     workers = []
     for w in range(exp.n_model_workers):
         here = [m for m in roles.values() if w in m.workers]
@@ -261,14 +282,14 @@ def format_plan(plan: MemoryPlan, device_memory_bytes: int | None = None) -> str
     lines = [
         f"batch: {s['n_seqs']} prompts x {s['n']} answers, {s['prompt_len']} prompt + "
         f"{s['new_tokens']} new tokens; GiB per device (act = activation estimate)",
-        f"{'role':<8}{'layout':<9}{'engine':<10}{'params':>8}{'weights':>9}{'grads':>8}{'optim':>8}"
+        f"{'role':<18}{'layout':<9}{'engine':<10}{'params':>8}{'weights':>9}{'grads':>8}{'optim':>8}"
         f"{'kv':>8}{'fsdp':>7}{'act':>8}{'peak':>8}  offload",
     ]
     for m in plan.roles.values():
         cols = (m.weights, m.grads, m.optimizer, m.kv_cache, m.fsdp_gather, m.activations, m.peak)
         widths = (9, 8, 8, 8, 7, 8, 8)
         lines.append(
-            f"{m.role:<8}{str(m.layout):<9}{m.engine:<10}{_count(m.params):>8}"
+            f"{m.role:<18}{str(m.layout):<9}{m.engine:<10}{_count(m.params):>8}"
             + "".join(f"{gib(c):>{w}}" for c, w in zip(cols, widths))
             + f"  {'yes' if m.offload else 'no'}"
         )
