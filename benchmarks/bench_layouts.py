@@ -5,7 +5,8 @@ Every candidate runs the default ``ppo`` (the embedded toy task) from the comman
 for the first candidate; the others reuse them). A step's time is the median gap between
 consecutive steps' records in ``stats.jsonl`` (the first step, which includes warm-up, is left
 out); the columns after it are the median per-call times the workers report
-(``timing`` in each record) and the bytes each step's reallocations moved.
+(``timing`` in each record; a call on a copy includes its reallocation and the wait for the
+copy's workers to finish their earlier calls) and the bytes each step's reallocations moved.
 
     python benchmarks/bench_layouts.py --steps 8
     python benchmarks/bench_layouts.py --candidates d1 'actor_gen:d2m1p1,*:d1m1p1'
@@ -30,7 +31,9 @@ DEFAULT_CANDIDATES = [
     "d2",  # one layout for everything: two data-parallel workers
     "actor_gen:d2m1p1,*:d1m1p1",  # generation over two replicas, the rest on worker 0
     "actor_gen:d2m1p1,actor_train:d1m2p1,*:d1m1p1",  # ... and the actor trains split over both
-    "actor_gen:d2m1p1,critic_inf:d2m1p1,ref_inf:d2m1p1,rew_inf:d2m1p1,*:d1m1p1",  # all inference spread
+    "ref:d1m1p1,reward:d1m1p1@1,*:d2m1p1",  # the frozen models side by side, one worker each
+    # actor and critic train side by side, one worker each; the actor generates over both
+    "actor_train:d1m1p1,critic:d1m1p1@1,ref:d1m1p1,reward:d1m1p1@1,*:d2m1p1",
 ]
 SINGLE_LAYOUT = ("d1", "d2")  # the candidates that use one layout for every call
 
@@ -76,6 +79,7 @@ def summarize(candidate: str, records: list[dict]) -> dict:
         "critic_train_s": timing("critic_train"),
         "inference_s": timing("ref_inf") + timing("rew_inf") + timing("critic_inf"),
         "realloc_s": timing("realloc/actor"),
+        "wait_s": statistics.median([r.get("realloc/actor/wait_seconds", 0.0) for r in records[1:]] or [0.0]),
         "realloc_mb": statistics.median(moved) / 2**20 if moved else 0.0,
         "reward": records[-1].get("actor_train/task_reward"),
     }
@@ -106,14 +110,15 @@ def main() -> None:
     base = min(singles, key=lambda r: r["step_s"])
     print(f"\nratio: against the fastest single layout for every call ({base['layout']})\n")
     print(
-        "| allocation_mode | s/step | ratio | actor_gen s | actor_train s | critic_train s | inference s | realloc s | realloc MB |"
+        "| allocation_mode | s/step | ratio | actor_gen s | actor_train s | critic_train s | inference s "
+        "| realloc s (moving / waiting) | realloc MB |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| `{r['layout']}` | {r['step_s']:.3f} | {r['step_s'] / base['step_s']:.2f}x | {r['gen_s']:.3f} | "
             f"{r['actor_train_s']:.3f} | {r['critic_train_s']:.3f} | {r['inference_s']:.3f} | "
-            f"{r['realloc_s']:.4f} | {r['realloc_mb']:.2f} |"
+            f"{r['realloc_s']:.4f} / {r['wait_s']:.3f} | {r['realloc_mb']:.2f} |"
         )
     best = min(rows, key=lambda r: r["step_s"])
     print(
