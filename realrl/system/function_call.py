@@ -104,9 +104,20 @@ def post_call(
             requests[w].call = MFCCall(
                 mfc.name, step, dp_rank, part, copy and copy.name, bool(copy and copy.drop)
             )
-    futures = {w: stream.post(model_worker_name(w), "mfc", req) for w, req in sorted(requests.items())}
+    futures = {
+        w: stream.post(model_worker_name(w), "mfc", req, _describe(mfc, step, req))
+        for w, req in sorted(requests.items())
+    }
     n_tokens = sum(meta.token_counts())
     return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, n_tokens, tik, order)
+
+
+def _describe(mfc: MFCDef, step: int, req: MFCRequest) -> str:
+    """One worker's part of a call, in words."""
+    what = f"MFC {mfc.name!r} (step {step})" if req.call else f"data for MFC {mfc.name!r} (step {step})"
+    if req.realloc is not None:
+        what += f", after reallocating {req.realloc.role!r} {req.realloc.src} -> {req.realloc.dst}"
+    return what
 
 
 async def finish_call(mfc: MFCDef, posted: PostedCall, buffer: SampleBuffer, timeout: float) -> CallResult:
@@ -148,9 +159,11 @@ def _realloc_result(order: ReallocOrder | None, replies: dict[int, MFCReply]) ->
     )
 
 
-async def post_all(stream: MasterStream, requests: dict[int, Any], handler: str, timeout: float) -> dict:
+async def post_all(
+    stream: MasterStream, requests: dict[int, Any], handler: str, timeout: float, what: str | None = None
+) -> dict:
     """Post ``requests[w]`` to every worker ``w`` at once; their replies by worker index."""
-    futures = {w: stream.post(model_worker_name(w), handler, data) for w, data in requests.items()}
+    futures = {w: stream.post(model_worker_name(w), handler, data, what) for w, data in requests.items()}
     return await wait_replies(futures, model_worker_name, handler, timeout)
 
 

@@ -184,14 +184,21 @@ class MasterWorker:
         return [n // dp_size + (r < n % dp_size) for r in range(dp_size)]
 
     async def _guard(self) -> None:
-        """Raise as soon as the launcher reports a dead worker or one stops heartbeating."""
+        """Raise as soon as the launcher reports a dead worker or one stops heartbeating, saying
+        what the worker was doing."""
         t = self.config.timeouts
         while True:
-            self.check_workers()
-            silent = self.stream.silent_workers(self.worker_names, t.heartbeat)
-            if silent:
-                w, s = silent[0]
-                raise WorkerLostError(w, f"no heartbeat for {s:.1f} s (limit {t.heartbeat} s)")
+            try:
+                self.check_workers()
+                silent = self.stream.silent_workers(self.worker_names, t.heartbeat)
+                if silent:
+                    w, s = silent[0]
+                    raise WorkerLostError(w, f"no heartbeat for {s:.1f} s (limit {t.heartbeat} s)")
+            except WorkerLostError as e:
+                doing = self.stream.in_flight(e.worker)
+                if not doing:
+                    raise
+                raise WorkerLostError(e.worker, f"{e.reason}, while running {doing[0]}") from None
             await asyncio.sleep(0.2)
 
     async def _load_data(self) -> None:
@@ -210,7 +217,10 @@ class MasterWorker:
                 epoch, index = divmod(step, self.steps_per_epoch)
                 futures = {
                     w: self.stream.post(
-                        model_worker_name(w), "fetch", FetchRequest(n, step, epoch, index * n)
+                        model_worker_name(w),
+                        "fetch",
+                        FetchRequest(n, step, epoch, index * n),
+                        f"fetching the dataset batch of step {step}",
                     )
                     for w, n in zip(owners, counts)
                 }

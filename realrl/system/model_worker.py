@@ -24,6 +24,7 @@ from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ModelWorkerConfig
 from realrl.base import host_memory, logging, network, seeding
+from realrl.base.failpoints import Failpoints
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.impl.model.backend import dp
 from realrl.impl.model.parallel.mesh import ParallelContext, build_contexts
@@ -106,6 +107,7 @@ class ModelWorker(WorkerBase):
             **kwargs,
         )
         self.config = config
+        self.failpoints = Failpoints(config.failpoints, config.worker_index)
         self.mfcs: dict[str, MFCDef] = {m.name: m for m in config.mfcs}
         self.store = TensorStore()
         self.models: dict[str, model_api.Model] = {}
@@ -150,6 +152,7 @@ class ModelWorker(WorkerBase):
 
     def setup(self, req: SetupRequest) -> SetupReply:
         cfg = self.config
+        self.failpoints.hit("setup")
         import_plugins(cfg.import_modules)
         seeding.set_random_seed(cfg.seed, cfg.worker_index)
         torch.set_num_threads(cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.n_model_workers))
@@ -216,6 +219,7 @@ class ModelWorker(WorkerBase):
 
     def initialize(self, req: InitializeRequest) -> None:
         cfg = self.config
+        self.failpoints.hit("initialize")
         for shard in sorted(cfg.shards, key=lambda s: s.role):
             # every rank starts from the same whole weights; a parallel backend keeps its part.
             # A model over several ranks is built in host memory (a checkpoint under tensor
@@ -245,6 +249,7 @@ class ModelWorker(WorkerBase):
     def fetch(self, req: FetchRequest) -> FetchReply:
         if self.loader is None:
             raise RuntimeError(f"{self.name} holds no dataset shard but was asked to fetch")
+        self.failpoints.hit("fetch", req.step)
         sample = self.loader.batch(req.epoch, req.pos, req.n)
         self.store.put(sample)
         return FetchReply(sample.meta(), req.epoch)
@@ -258,6 +263,7 @@ class ModelWorker(WorkerBase):
         return {n: i for n, i in self.interfaces.items() if self.mfcs[n].role == role}
 
     def save(self, req: SaveRequest) -> None:
+        self.failpoints.hit("save")
         model = self.models[req.role]
         if req.kind == "hf":
             engine_parallel = getattr(model.module, "parallel", None)
@@ -292,6 +298,8 @@ class ModelWorker(WorkerBase):
 
     def _run_mfc(self, req: MFCRequest) -> MFCReply:
         realloc = None if req.realloc is None else self._reallocate(req)
+        if req.pieces:
+            self.failpoints.hit("transfer", None if req.call is None else req.call.step)
         run_transfers(self.store, req.pieces, self.config.worker_index, self.timeouts.transfer)
         call = req.call
         if call is None:
@@ -309,6 +317,7 @@ class ModelWorker(WorkerBase):
         home = self.models.get(order.role) if self.config.worker_index in order.src.workers else None
         tokenizer = home.tokenizer if home is not None else self.tokenizer
         logger.info("%s reallocating %s: %s -> %s", self.name, order.role, order.src, order.dst)
+        self.failpoints.hit("realloc")
         return self.copies.reallocate(order, home, tokenizer)
 
     def _call(self, call: MFCCall) -> MFCReply:
@@ -322,6 +331,7 @@ class ModelWorker(WorkerBase):
         # different models interleave on this worker (same seed, same numbers, any launcher).
         # A generate call's stream is the same on every dp rank: each sequence samples with
         # noise keyed by its sample id, so the tokens do not depend on how the batch is split.
+        self.failpoints.hit(_FAILPOINT.get(mfc.interface_type, ""), call.step)
         generates = mfc.interface_type is ModelInterfaceType.GENERATE
         seeding.set_random_seed(
             (self.config.seed * 1_000_003 + zlib.crc32(mfc.name.encode()) + call.step) % 2**31,
@@ -364,6 +374,13 @@ class ModelWorker(WorkerBase):
         out = out.select(mfc.output_keys)
         self.store.put(out)
         return out.meta()
+
+
+_FAILPOINT = {
+    ModelInterfaceType.GENERATE: "generate",
+    ModelInterfaceType.INFERENCE: "inference",
+    ModelInterfaceType.TRAIN_STEP: "train",
+}
 
 
 def _float_stats(stats, mfc_name: str) -> dict[str, float]:

@@ -54,7 +54,7 @@ class WorkerLostError(RuntimeError):
     """A worker stopped answering (died, hung, or lost its connection)."""
 
     def __init__(self, worker: str, reason: str):
-        self.worker = worker
+        self.worker, self.reason = worker, reason
         super().__init__(f"{worker} is lost: {reason}")
 
 
@@ -114,6 +114,7 @@ class MasterStream:
         port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self.pending: dict[str, tuple[str, str, asyncio.Future]] = {}
+        self.doing: dict[str, str] = {}  # request id -> what it asks, for messages (``in_flight``)
         self.hello: set[str] = set()
         self.last_seen: dict[str, float] = {}
         self.n_refused = 0
@@ -157,6 +158,7 @@ class MasterStream:
             self.hello.add(msg.sender)
         elif msg.kind == "reply":
             entry = self.pending.pop(msg.request_id, None)
+            self.doing.pop(msg.request_id, None)
             if entry is None:
                 logger.warning("reply to unknown request %s from %s", msg.request_id, msg.sender)
                 return
@@ -179,16 +181,19 @@ class MasterStream:
         except zmq.ZMQError as e:
             logger.warning("cannot send %s to %s: %s", msg.kind, identity, e)
 
-    def post(self, worker: str, handler: str, data: Any = None) -> asyncio.Future:
-        """Send a request now (ordered after every earlier post) and return the reply's future."""
+    def post(self, worker: str, handler: str, data: Any = None, what: str | None = None) -> asyncio.Future:
+        """Send a request now (ordered after every earlier post) and return the reply's future.
+        ``what``: the request in words, for a message if the worker is lost before it replies."""
         rid = uuid.uuid4().hex
         fut = asyncio.get_running_loop().create_future()
         self.pending[rid] = (worker, handler, fut)
+        self.doing[rid] = what or handler
         msg = Message("request", self.name, handler, rid, data)
         try:
             self._send_frames([worker.encode(), *self.codec.encode(msg)])
         except zmq.ZMQError as e:
             self.pending.pop(rid, None)
+            self.doing.pop(rid, None)
             fut.set_exception(WorkerLostError(worker, f"cannot send {handler!r} to it ({e})"))
         return fut
 
@@ -209,6 +214,13 @@ class MasterStream:
                     missing[0],
                 )
             await asyncio.sleep(0.05)
+
+    def in_flight(self, worker: str) -> list[str]:
+        """What ``worker`` was asked and has not answered, oldest first (it runs them in order, so
+        the first is what it was doing)."""
+        return [
+            self.doing[rid] for rid, (w, _, fut) in self.pending.items() if w == worker and not fut.done()
+        ]
 
     def silent_workers(self, workers: list[str], timeout: float) -> list[tuple[str, float]]:
         now = time.monotonic()

@@ -21,6 +21,7 @@ from realrl.api.core.config import (
 from realrl.api.core.devices import GLOO
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType, build_graph
 from realrl.api.core.layout import Layout, Placement
+from realrl.base.failpoints import Failpoint
 
 
 @dataclasses.dataclass
@@ -126,6 +127,7 @@ class ModelWorkerConfig:
     dist_backend: str = "gloo"  # "cpu:gloo,cuda:nccl" when every worker owns its GPU (api/core/devices.py)
     torch_threads: int | None = None  # None: this machine's cores shared evenly by the workers on it
     retain_freed_memory: bool = True  # base/host_memory.py: no page-fault churn on activations
+    failpoints: list[str] = dataclasses.field(default_factory=list)  # base/failpoints.py (fault tests)
 
     @property
     def worker_name(self) -> str:
@@ -182,6 +184,8 @@ class ExperimentConfig:
     colocate: bool = False  # device=cuda with fewer GPUs than workers: workers share GPUs
     torch_threads: int | None = None  # CPU threads per worker; None: cores // workers on the machine
     retain_freed_memory: bool = True  # workers keep freed host memory (base/host_memory.py)
+    # fault injection for tests: "<worker>:<point>[@<step>][:stop]" (realrl/base/failpoints.py)
+    failpoints: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.mfcs:
@@ -325,6 +329,8 @@ class ExperimentConfig:
                     f"MFC {name!r} trains model {mfc.role!r} in {placement}, not in its home "
                     f"{self.placement(mfc.role)}: a model trains where its weights live"
                 )
+        for spec in self.failpoints:
+            Failpoint.parse(spec)
         if self.owner_role() not in self.allocations:
             raise ValueError(f"data_owner {self.owner_role()!r} is not an allocated model")
         idle = sorted(set(range(self.n_model_workers)) - {w for ws in self._used_workers() for w in ws})
@@ -401,6 +407,7 @@ class ExperimentConfig:
                     dist_backend=dist_backend,
                     torch_threads=self.torch_threads,
                     retain_freed_memory=self.retain_freed_memory,
+                    failpoints=list(self.failpoints),
                 )
             )
         return configs
