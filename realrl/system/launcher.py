@@ -130,6 +130,8 @@ class LocalLauncher:
                 if sig is not None:
                     try:
                         os.killpg(p.pid, sig)
+                        if sig == signal.SIGTERM:  # a stopped (hung) worker gets it only when continued
+                            os.killpg(p.pid, signal.SIGCONT)
                     except ProcessLookupError:
                         pass
             for p in alive:
