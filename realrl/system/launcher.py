@@ -147,8 +147,17 @@ class RayWorkerActor:
     """Wrapped with ``ray.remote`` by ``RayLauncher``; ``run`` blocks for the worker's whole life."""
 
     def run(self, config: ModelWorkerConfig, secret: bytes, log_path: str) -> int:
+        import ray
+
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         handler = logging.add_file_handler(log_path)
+        context = ray.get_runtime_context()
+        logging.getLogger("launcher").info(
+            "%s runs on Ray node %s (%s)",
+            config.worker_name,
+            context.get_node_id(),
+            ray.util.get_node_ip_address(),
+        )
         try:
             run_model_worker(config, secret)
         except BaseException:
