@@ -13,9 +13,11 @@ import dataclasses
 import os
 import re
 import signal
+import time
 
 POINTS = ("setup", "initialize", "fetch", "transfer", "realloc", "generate", "inference", "train", "save")
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+FLUSH_S = 0.2
 _SPEC = re.compile(r"^(?P<worker>\d+):(?P<point>[a-z]+)(?:@(?P<step>\d+))?(?::(?P<action>kill|stop))?$")
 
 
@@ -51,4 +53,7 @@ class Failpoints:
     def hit(self, point: str, step: int | None = None) -> None:
         for fp in self.mine:
             if fp.point == point and (fp.step is None or fp.step == step):
+                # the replies to earlier requests leave first (ZMQ sends from a thread of its
+                # own), as they would have long before a real failure in the middle of a call
+                time.sleep(FLUSH_S)
                 os.kill(os.getpid(), ACTIONS[fp.action])

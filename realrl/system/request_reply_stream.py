@@ -130,16 +130,17 @@ class MasterStream:
         """
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-            self._loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+            self._loop.add_reader(self.sock.getsockopt(zmq.FD), self.drain)
             self._tick = self._loop.create_task(self._tick_loop())
-            self._loop.call_soon(self._drain)
+            self._loop.call_soon(self.drain)
 
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(0.05)
-            self._drain()
+            self.drain()
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
+        """Handle every message waiting in the socket."""
         while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self._handle(self.sock.recv_multipart(zmq.NOBLOCK))
 
@@ -173,7 +174,7 @@ class MasterStream:
     def _send_frames(self, frames: list[bytes]) -> None:
         self.sock.send_multipart(frames)
         if self._loop is not None:
-            self._loop.call_soon(self._drain)  # the send may have consumed a read edge
+            self._loop.call_soon(self.drain)  # the send may have consumed a read edge
 
     def _send(self, identity: str, msg: Message) -> None:
         try:

@@ -1,0 +1,101 @@
+"""How fast a run notices a lost worker: each failpoint of the fault tests, timed.
+
+A watcher thread polls the victim process (psutil, every 10 ms) and records the moment it dies
+(SIGKILL) or stops (SIGSTOP); the figure is the time from then until ``run_experiment`` raises,
+which includes stopping every other worker. Runs the PPO-shaped mock graph of the runtime tests
+(actor data parallel over workers 0 and 1, critic on 1, reward on 0) in local mode.
+
+    python benchmarks/bench_faults.py
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+import threading
+import time
+import types
+
+import psutil
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "system"))
+
+from system_graphs import mock_config, wait_all_exited, worker_pids  # noqa: E402
+
+from realrl.api.core.system_api import Timeouts  # noqa: E402
+from realrl.apps.main import ExperimentFailedError, run_experiment  # noqa: E402
+
+TIMEOUTS = Timeouts(connect=90, heartbeat=2.0, heartbeat_interval=0.5)
+CASES = [
+    "0:setup",
+    "1:initialize",
+    "0:fetch@1",
+    "1:generate@1",
+    "1:inference@1",
+    "0:train@2",
+    "0:transfer",
+    "0:save",
+    "1:generate@1:stop",
+]
+
+
+def watch(run_dir: str, victim: str, seen: list[float], stop: threading.Event) -> None:
+    """Record when ``victim``'s process is gone or stopped."""
+    log_dir = os.path.join(run_dir, "logs")
+    while not stop.is_set():
+        pids = worker_pids_in(log_dir)
+        if victim in pids:
+            try:
+                status = psutil.Process(pids[victim]).status()
+            except psutil.NoSuchProcess:
+                status = psutil.STATUS_DEAD
+            if status in (psutil.STATUS_DEAD, psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED):
+                seen.append(time.monotonic())
+                return
+        time.sleep(0.01)
+
+
+def worker_pids_in(log_dir: str) -> dict[str, int]:
+    return worker_pids(types.SimpleNamespace(log_dir=log_dir)) if os.path.isdir(log_dir) else {}
+
+
+def run_case(root: str, failpoint: str) -> tuple[float, str, bool]:
+    trial = failpoint.replace(":", "-").replace("@", "-")
+    cfg = mock_config(
+        root, trial, total_train_steps=4, failpoints=[failpoint], timeouts=TIMEOUTS, save_freq_steps=1
+    )
+    victim = f"model_worker/{failpoint.split(':')[0]}"
+    seen: list[float] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch, args=(cfg.run_dir, victim, seen, stop))
+    watcher.start()
+    try:
+        run_experiment(cfg, "local")
+        raise SystemExit(f"{failpoint}: the run did not fail")
+    except ExperimentFailedError as e:
+        failed = time.monotonic()
+        error = str(e).splitlines()[0]
+    finally:
+        stop.set()
+        watcher.join()
+    left = wait_all_exited(worker_pids(cfg).values())
+    return (failed - seen[0]) if seen else float("nan"), error, not left
+
+
+def main() -> None:
+    root = tempfile.mkdtemp(prefix="realrl-faults-")
+    print(
+        f"# bench_faults.py, {datetime.date.today()}, {os.cpu_count()} CPU cores; heartbeat limit {TIMEOUTS.heartbeat} s"
+    )
+    print("| failpoint | seconds from the fault to the run's error | no process left | error |")
+    print("|---|---|---|---|")
+    for failpoint in CASES:
+        seconds, error, clean = run_case(root, failpoint)
+        print(f"| `{failpoint}` | {seconds:.2f} | {'yes' if clean else 'NO'} | {error} |", flush=True)
+    print("command: python " + " ".join(sys.argv))
+
+
+if __name__ == "__main__":
+    main()
