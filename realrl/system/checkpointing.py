@@ -2,10 +2,20 @@
 
 Layout under the run folder:
   checkpoints/<role>/step<k>/, checkpoints/<role>/final/   ``interface.save``: HF weights + tokenizer
-  recover/step<k>/<role>/                                  ``engine.save``: weights, optimizer, schedule,
-                                                           and (extra state) model version + interface states
-  recover/latest.json                                      {"step": k}: written last, so a recover
-                                                           point counts only once all of it is on disk
+  recover/step<k>/<role>/                                  a trained role: ``engine.save`` (weights,
+                                                           optimizer, schedule, RNG, and as extra
+                                                           state the model version + interface states)
+  recover/step<k>/<role>/<mfc>.rank<r>.state.pt            a frozen role's stateful interface (e.g.
+                                                           the reward normalisation fitted on the
+                                                           first PPO batch), one file per rank
+  recover/step<k>/manifest.json                            every file of the point with its size:
+                                                           written once every part is on disk, so
+                                                           its presence marks the point complete
+  recover/latest.json                                      {"step": k}: the newest complete point
+
+Only the two newest complete points are kept: the previous one stays until a newer one is
+complete, and a resumed run takes the newest point that passes ``verify_recover_point`` (named
+problems are logged for the ones it skips).
 
 Data positions need no saving: a worker's data order is a function of (seed, epoch, dp rank), and
 the master derives epoch and position from the step counter. Nor does RNG: every call reseeds.
@@ -16,11 +26,34 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
+import re
+from typing import Any
+
+import torch
 
 from realrl.api.core.model_api import Model, ModelInterface
+from realrl.impl.model.backend.integrity import (
+    CheckpointError,
+    check_file,
+    remove_path,
+    write_json_atomic,
+)
 
 LATEST = "latest.json"
+MANIFEST = "manifest.json"
+KEEP_COMPLETE = 2  # complete recover points kept on disk: the newest and a fallback
+_STEP_DIR = re.compile(r"^step(\d+)$")
+
+
+class RecoverPointError(CheckpointError):
+    """A recover point (or one file of it) that cannot be written or read back."""
+
+    def __init__(self, message: str, step: int | None = None, role: str | None = None):
+        where = ", ".join(
+            p for p in (f"step {step}" if step is not None else "", f"role {role!r}" if role else "") if p
+        )
+        super().__init__(f"recover point ({where}): {message}" if where else f"recover point: {message}")
+        self.step, self.role = step, role
 
 
 def hf_dir(run_dir: str, role: str, step: int | None) -> str:
@@ -31,29 +64,183 @@ def recover_root(run_dir: str) -> str:
     return os.path.join(run_dir, "recover")
 
 
+def step_dir(run_dir: str, step: int) -> str:
+    return os.path.join(recover_root(run_dir), f"step{step}")
+
+
 def recover_dir(run_dir: str, step: int, role: str) -> str:
-    return os.path.join(recover_root(run_dir), f"step{step}", role)
+    return os.path.join(step_dir(run_dir, step), role)
 
 
-def latest_recover_step(run_dir: str) -> int | None:
-    """Steps completed at the last complete recover point, or None."""
+def state_file(run_dir: str, step: int, role: str, mfc: str, rank: int) -> str:
+    """Where rank ``rank`` of the call ``mfc`` keeps its interface state (a frozen role)."""
+    return os.path.join(recover_dir(run_dir, step, role), f"{mfc}.rank{rank}.state.pt")
+
+
+# -- which points exist --------------------------------------------------------------------------
+
+
+def step_dirs(run_dir: str) -> list[int]:
+    """Steps of every ``recover/step<k>`` folder, complete or not, ascending."""
+    root = recover_root(run_dir)
+    if not os.path.isdir(root):
+        return []
+    steps = [_STEP_DIR.match(n) for n in os.listdir(root)]
+    return sorted(int(m.group(1)) for m in steps if m and os.path.isdir(os.path.join(root, m.group(0))))
+
+
+def complete_steps(run_dir: str) -> list[int]:
+    """Steps of the recover points marked complete (holding a manifest), ascending."""
+    return [s for s in step_dirs(run_dir) if os.path.isfile(os.path.join(step_dir(run_dir, s), MANIFEST))]
+
+
+def read_latest(run_dir: str) -> int | None:
+    """The step ``latest.json`` names, None without one; a damaged one raises, naming it."""
+    path = os.path.join(recover_root(run_dir), LATEST)
     try:
-        with open(os.path.join(recover_root(run_dir), LATEST)) as f:
+        with open(path) as f:
             return int(json.load(f)["step"])
     except FileNotFoundError:
         return None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise RecoverPointError(f"{path} is damaged ({type(e).__name__}: {e})") from None
+
+
+# -- marking -------------------------------------------------------------------------------------
+
+
+def _leftover(name: str) -> bool:
+    """A temporary or replaced file or folder of an interrupted write (never part of a point)."""
+    return name.endswith((".tmp", ".old"))
+
+
+def _files(folder: str) -> dict[str, int]:
+    out = {}
+    for parent, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not _leftover(d)]
+        for name in names:
+            path = os.path.join(parent, name)
+            rel = os.path.relpath(path, folder)
+            if rel != MANIFEST and not _leftover(name):
+                out[rel] = os.path.getsize(path)
+    return dict(sorted(out.items()))
 
 
 def mark_recover_point(run_dir: str, step: int) -> None:
-    """Publish ``step`` as the latest recover point (atomic rename), then drop older ones."""
-    root = recover_root(run_dir)
-    tmp = os.path.join(root, LATEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump({"step": step}, f)
-    os.replace(tmp, os.path.join(root, LATEST))
-    for name in os.listdir(root):
-        if name.startswith("step") and name != f"step{step}":
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    """Publish ``step`` (every part saved) as complete: its manifest, then ``latest.json``, both
+    atomic; then drop the points older than the newest ``KEEP_COMPLETE`` complete ones (never a
+    newer folder: it may be one being written)."""
+    folder = step_dir(run_dir, step)
+    try:
+        write_json_atomic(os.path.join(folder, MANIFEST), {"step": step, "files": _files(folder)})
+        write_json_atomic(os.path.join(recover_root(run_dir), LATEST), {"step": step})
+    except OSError as e:
+        raise RecoverPointError(
+            f"cannot mark {folder} complete ({type(e).__name__}: {e}); the previous recover point is "
+            "unchanged",
+            step,
+        ) from e
+    kept = [s for s in complete_steps(run_dir) if s <= step][-KEEP_COMPLETE:]
+    for s in step_dirs(run_dir):
+        if s < kept[0]:
+            remove_path(step_dir(run_dir, s))
+
+
+def discard_after(run_dir: str, step: int) -> list[int]:
+    """Remove the recover points newer than ``step`` (unmarked or unreadable ones a resumed run
+    will write again), so none of their files can mix with the new ones; return their steps."""
+    newer = [s for s in step_dirs(run_dir) if s > step]
+    for s in newer:
+        remove_path(step_dir(run_dir, s))
+    return newer
+
+
+# -- verifying and choosing ----------------------------------------------------------------------
+
+
+def _role_of(rel: str) -> str | None:
+    parts = rel.split(os.sep)
+    return parts[0] if len(parts) > 1 else None
+
+
+def verify_recover_point(run_dir: str, step: int) -> None:
+    """Raise ``RecoverPointError`` naming the step, the role and the file when the point is not
+    complete (no manifest), a file is missing or has another size than when it was marked, or
+    a file is damaged (``integrity.check_file``, CRCs included)."""
+    folder = step_dir(run_dir, step)
+    manifest = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(manifest):
+        raise RecoverPointError(f"{folder} was never marked complete (no {MANIFEST})", step)
+    try:
+        with open(manifest) as f:
+            files = dict(json.load(f)["files"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise RecoverPointError(f"{manifest} is damaged ({type(e).__name__}: {e})", step) from None
+    for rel, size in files.items():
+        path = os.path.join(folder, rel)
+        role = _role_of(rel)
+        if not os.path.isfile(path):
+            raise RecoverPointError(f"{path} is missing", step, role)
+        actual = os.path.getsize(path)
+        if actual != size:
+            raise RecoverPointError(f"{path} holds {actual} bytes, {size} when it was saved", step, role)
+        try:
+            check_file(path)
+        except CheckpointError as e:
+            raise RecoverPointError(str(e), step, role) from None
+
+
+def require_parts(run_dir: str, step: int, roles: list[str], state_files: list[str]) -> None:
+    """Raise ``RecoverPointError`` when the point lacks a role or a state file this run needs
+    (e.g. it was written by a run with other models)."""
+    for role in roles:
+        if not os.path.isdir(recover_dir(run_dir, step, role)):
+            raise RecoverPointError(f"no {recover_dir(run_dir, step, role)} for this run's model", step, role)
+    for path in state_files:
+        if not os.path.isfile(path):
+            role = os.path.basename(os.path.dirname(path))
+            raise RecoverPointError(f"{path} is missing (a state this run needs)", step, role)
+
+
+@dataclasses.dataclass
+class RecoverChoice:
+    """The recover point a resumed run starts from (None: from step 0) and why newer ones were
+    skipped."""
+
+    step: int | None
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+
+def choose_recover_point(run_dir: str, check=None) -> RecoverChoice:
+    """The newest complete point that verifies (and passes ``check(step)``, which raises
+    ``RecoverPointError`` for a point the run cannot use). A damaged ``latest.json`` is skipped
+    too: the manifests say which points are complete. Raise ``RecoverPointError`` listing every
+    problem when complete points exist but none is usable, rather than silently starting over;
+    with none ever marked complete, start from step 0."""
+    skipped = []
+    try:
+        latest = read_latest(run_dir)
+    except RecoverPointError as e:
+        skipped.append(str(e))
+        latest = None
+    candidates = sorted(set(complete_steps(run_dir)) | ({latest} if latest is not None else set()))
+    for step in reversed(candidates):
+        try:
+            verify_recover_point(run_dir, step)
+            if check is not None:
+                check(step)
+        except RecoverPointError as e:
+            skipped.append(str(e))
+            continue
+        return RecoverChoice(step, skipped)
+    if skipped:
+        raise RecoverPointError(
+            f"no usable recover point under {recover_root(run_dir)}: {'; '.join(skipped)}"
+        )
+    return RecoverChoice(None)  # never marked one: a run killed before its first point starts over
+
+
+# -- saving and loading (on the model workers) ---------------------------------------------------
 
 
 def _engine(model: Model, role: str):
@@ -66,19 +253,63 @@ def _engine(model: Model, role: str):
     return engine
 
 
-def save_recover(model: Model, role: str, interfaces: dict[str, ModelInterface], path: str) -> None:
+def stateful(interface: ModelInterface) -> bool:
+    return callable(getattr(interface, "state_dict", None)) and callable(
+        getattr(interface, "load_state_dict", None)
+    )
+
+
+def save_recover(
+    model: Model, role: str, interfaces: dict[str, ModelInterface], path: str, step: int | None = None
+) -> None:
     """Collective over every rank of the model (each writes its own part)."""
     extra = {
         "version": dataclasses.asdict(model.version),
-        "interfaces": {n: i.state_dict() for n, i in interfaces.items() if hasattr(i, "state_dict")},
+        "interfaces": {n: i.state_dict() for n, i in interfaces.items() if stateful(i)},
     }
-    _engine(model, role).save(path, extra_state=extra)
+    try:
+        _engine(model, role).save(path, extra_state=extra)
+    except (OSError, RuntimeError) as e:
+        raise RecoverPointError(
+            f"cannot write {path} ({type(e).__name__}: {e}); the previous recover point is unchanged",
+            step,
+            role,
+        ) from e
 
 
-def load_recover(model: Model, role: str, interfaces: dict[str, ModelInterface], path: str) -> None:
-    extra = _engine(model, role).load(path) or {}
+def load_recover(
+    model: Model, role: str, interfaces: dict[str, ModelInterface], path: str, step: int | None = None
+) -> None:
+    try:
+        extra = _engine(model, role).load(path) or {}
+    except (OSError, RuntimeError) as e:
+        raise RecoverPointError(f"cannot load {path} ({type(e).__name__}: {e})", step, role) from e
     for field, value in extra.get("version", {}).items():
         setattr(model.version, field, value)
     for name, state in extra.get("interfaces", {}).items():
-        if name in interfaces and hasattr(interfaces[name], "load_state_dict"):
+        if name in interfaces and stateful(interfaces[name]):
             interfaces[name].load_state_dict(state)
+
+
+def save_interface_state(interface: ModelInterface, path: str, role: str, step: int | None = None) -> None:
+    """A frozen role's interface state, written through a temporary file and renamed."""
+    tmp = path + ".tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(interface.state_dict(), tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        raise RecoverPointError(
+            f"cannot write {path} ({type(e).__name__}: {e}); the previous recover point is unchanged",
+            step,
+            role,
+        ) from e
+
+
+def load_interface_state(interface: ModelInterface, path: str, role: str, step: int | None = None) -> None:
+    try:
+        check_file(path)
+        state: Any = torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError) as e:
+        raise RecoverPointError(f"cannot load {path} ({type(e).__name__}: {e})", step, role) from e
+    interface.load_state_dict(state)

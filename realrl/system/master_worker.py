@@ -93,8 +93,10 @@ class MasterWorker:
         self.steps_per_epoch = 0
         self.start_step = 0  # > 0 when resuming from a recover point
         self.trained = config.trained_roles()
-        self.recover_saved: dict[int, set[str]] = {}
-        self.recover_ready: list[int] = []  # saved by every trained role, waiting for their records
+        # frozen roles' calls whose interfaces hold state (reward normalisation): in recover points too
+        self.state_mfcs: list[MFCDef] = []
+        self.recover_saved: dict[int, set[str]] = {}  # step -> parts saved (trained roles' MFCs, state_mfcs)
+        self.recover_ready: list[int] = []  # every part saved, waiting for their steps' records
         self.stats_path = os.path.join(config.run_dir, "stats.jsonl")
 
     # -- the run ---------------------------------------------------------------------------------
@@ -141,9 +143,12 @@ class MasterWorker:
         if cfg.total_train_steps is not None:
             self.total_steps = min(self.total_steps, cfg.total_train_steps)
         ft_spec = FinetuneSpec(cfg.total_train_epochs, sum(sizes), cfg.batch_size)
-        await post_all(
+        replies = await post_all(
             self.stream, dict.fromkeys(self.workers, InitializeRequest(ft_spec)), "initialize", t.setup
         )
+        if self.trained:  # without a trained model there are no recover points
+            stateful = {n for r in replies.values() if r is not None for n in r.stateful}
+            self.state_mfcs = [m for m in cfg.mfcs if m.name in stateful and m.role not in self.trained]
         if cfg.resume:
             await self._resume()
         self._trim_stats()
@@ -155,20 +160,45 @@ class MasterWorker:
         )
 
     async def _resume(self) -> None:
+        """Load the newest recover point that verifies; newer ones (unmarked or damaged) are
+        discarded, each named in the log, so the steps they held are run again."""
         cfg = self.config
-        step = checkpointing.latest_recover_step(cfg.run_dir)
+        choice = checkpointing.choose_recover_point(cfg.run_dir, self._check_recover_parts)
+        for problem in choice.skipped:
+            logger.error("skipping a recover point: %s", problem)
+        step = choice.step
+        for newer in checkpointing.discard_after(cfg.run_dir, step or 0):
+            logger.warning("discarded the recover point of step %d (not complete or not readable)", newer)
         if step is None:
             logger.info("resume asked but %s holds no recover point: starting from step 0", cfg.run_dir)
             return
         paths = {role: checkpointing.recover_dir(cfg.run_dir, step, role) for role in self.trained}
-        holders = sorted({w for role in self.trained for w in cfg.allocations[role]})
-        await post_all(
-            self.stream, dict.fromkeys(holders, LoadRecoverRequest(paths)), "load_recover", cfg.timeouts.setup
-        )
+        requests: dict[int, LoadRecoverRequest] = {}
+        for w in sorted({w for role in self.trained for w in cfg.allocations[role]}):
+            requests[w] = LoadRecoverRequest(paths, step=step)
+        for mfc, w, path in self._state_files(step):
+            requests.setdefault(w, LoadRecoverRequest({}, step=step)).states[mfc.name] = path
+        await post_all(self.stream, requests, "load_recover", cfg.timeouts.setup)
         self.start_step = min(step, self.total_steps)
         self.progress.steps_done = self.start_step
         self.progress.calls_done = dict.fromkeys(self.progress.calls_done, self.start_step)
         logger.info("resumed from the recover point after step %d", step)
+
+    def _state_files(self, step: int) -> list[tuple[MFCDef, int, str]]:
+        """(MFC, worker, file) of every frozen role's state in the recover point of ``step``: one
+        file per rank of the call's placement."""
+        out = []
+        for mfc in self.state_mfcs:
+            for rank, w in enumerate(self.config.call_placement(mfc.name).workers):
+                out.append(
+                    (mfc, w, checkpointing.state_file(self.config.run_dir, step, mfc.role, mfc.name, rank))
+                )
+        return out
+
+    def _check_recover_parts(self, step: int) -> None:
+        """Refuse a recover point that lacks a model or a state this run needs."""
+        files = [path for *_, path in self._state_files(step)]
+        checkpointing.require_parts(self.config.run_dir, step, sorted(self.trained), files)
 
     def _trim_stats(self) -> None:
         """Keep the records of the steps already done (a resumed run continues the file)."""
@@ -195,6 +225,7 @@ class MasterWorker:
                     w, s = silent[0]
                     raise WorkerLostError(w, f"no heartbeat for {s:.1f} s (limit {t.heartbeat} s)")
             except WorkerLostError as e:
+                self.stream.drain()  # replies it sent before it was lost: not what it was doing
                 doing = self.stream.in_flight(e.worker)
                 if not doing:
                     raise
@@ -302,8 +333,17 @@ class MasterWorker:
             await asyncio.wait([self.buffer.next_change(), *replies], return_when=asyncio.FIRST_COMPLETED)
         return None
 
+    def _recover_due(self, steps_done: int) -> bool:
+        """Whether a recover point holds the state after ``steps_done`` steps (none without a
+        trained model: there is nothing to resume)."""
+        freq = self.config.ckpt_freq_steps
+        return bool(freq and self.trained) and (steps_done % freq == 0 or steps_done == self.total_steps)
+
     def _boundary_after(self, mfc: MFCDef, step: int) -> bool:
-        """Whether an evaluation or a checkpoint of ``mfc``'s model follows its call at ``step``."""
+        """Whether an evaluation or a checkpoint of ``mfc``'s model (or interface state) follows
+        its call at ``step``."""
+        if mfc in self.state_mfcs:
+            return self._recover_due(step + 1)
         if self.trained.get(mfc.role) != mfc.name:
             return False
         cfg, done = self.config, step + 1
@@ -327,6 +367,8 @@ class MasterWorker:
         if self.trained.get(mfc.role) == mfc.name:
             await self._evaluate(mfc, step)
             await self._save(mfc, step + 1)
+        elif mfc in self.state_mfcs and self._recover_due(step + 1):
+            await self._save_state(mfc, step + 1)
         done = self.buffer.finish(mfc.name, result.ids)
         if done:
             clears.append({w: self.stream.post(model_worker_name(w), "clear", done) for w in self.workers})
@@ -370,16 +412,34 @@ class MasterWorker:
             path = checkpointing.hf_dir(cfg.run_dir, role, None if last else steps_done)
             req = SaveRequest(role, "hf", path, mfc.name)  # a sharded model gathers on every rank
             await post_all(self.stream, dict.fromkeys(workers, req), "save", cfg.timeouts.request)
-        if cfg.ckpt_freq_steps and (steps_done % cfg.ckpt_freq_steps == 0 or last):
+        if self._recover_due(steps_done):
             path = checkpointing.recover_dir(cfg.run_dir, steps_done, role)
-            req = SaveRequest(role, "recover", path, mfc.name)
+            req = SaveRequest(role, "recover", path, mfc.name, steps_done)
             await post_all(self.stream, dict.fromkeys(workers, req), "save", cfg.timeouts.request)
-            saved = self.recover_saved.setdefault(steps_done, set())
-            saved.add(role)
-            if saved == set(self.trained):
-                del self.recover_saved[steps_done]
-                self.recover_ready.append(steps_done)
-                self._mark_recover_points()
+            self._recover_part_saved(steps_done, mfc.name)
+
+    async def _save_state(self, mfc: MFCDef, steps_done: int) -> None:
+        """A frozen role's interface state after its call of step ``steps_done - 1``, on every
+        worker that runs the call (each rank's file)."""
+        cfg = self.config
+        requests = {
+            w: SaveRequest(mfc.role, "state", path, mfc.name, steps_done)
+            for m, w, path in self._state_files(steps_done)
+            if m is mfc
+        }
+        await post_all(self.stream, requests, "save", cfg.timeouts.request)
+        self._recover_part_saved(steps_done, mfc.name)
+
+    def _recover_part_saved(self, steps_done: int, part: str) -> None:
+        """Count ``part`` (a trained role's training MFC or a state MFC) as saved in the recover
+        point of ``steps_done``; with every part saved, the point waits for its records."""
+        parts = {*self.trained.values(), *(m.name for m in self.state_mfcs)}
+        saved = self.recover_saved.setdefault(steps_done, set())
+        saved.add(part)
+        if saved == parts:
+            del self.recover_saved[steps_done]
+            self.recover_ready.append(steps_done)
+            self._mark_recover_points()
 
     def _mark_recover_points(self) -> None:
         """Mark the newest complete recover point whose steps all have their record in

@@ -26,7 +26,7 @@ from realrl.api.core.system_api import ModelWorkerConfig
 from realrl.base import host_memory, logging, network, seeding
 from realrl.base.failpoints import Failpoints
 from realrl.base.name_resolve import NameRecordRepository
-from realrl.impl.model.backend import dp
+from realrl.impl.model.backend import dp, integrity
 from realrl.impl.model.parallel.mesh import ParallelContext, build_contexts
 from realrl.system import checkpointing, names
 from realrl.system.data_transfer import TensorStore, run_transfers
@@ -35,6 +35,7 @@ from realrl.system.protocol import (
     EvaluateRequest,
     FetchReply,
     FetchRequest,
+    InitializeReply,
     InitializeRequest,
     LoadRecoverRequest,
     MFCCall,
@@ -217,10 +218,13 @@ class ModelWorker(WorkerBase):
                 SequenceSample.gather(samples[a:b]) for a, b in zip(bounds, bounds[1:])
             ]
 
-    def initialize(self, req: InitializeRequest) -> None:
+    def initialize(self, req: InitializeRequest) -> InitializeReply:
         cfg = self.config
         self.failpoints.hit("initialize")
         for shard in sorted(cfg.shards, key=lambda s: s.role):
+            path = shard.spec.model.args.get("path")
+            if shard.spec.model.type_ == "real_model" and path:  # a damaged HF folder: a named error
+                integrity.verify_hf_checkpoint(path, f"model {shard.role!r}")
             # every rank starts from the same whole weights; a parallel backend keeps its part.
             # A model over several ranks is built in host memory (a checkpoint under tensor
             # parallelism is loaded split instead: the factory takes ``parallel``); splitting it
@@ -243,6 +247,7 @@ class ModelWorker(WorkerBase):
         logger.info(
             "%s built models %s and interfaces %s", self.name, sorted(self.models), sorted(self.interfaces)
         )
+        return InitializeReply(sorted(n for n, i in self.interfaces.items() if checkpointing.stateful(i)))
 
     # -- data ------------------------------------------------------------------------------------
 
@@ -264,6 +269,10 @@ class ModelWorker(WorkerBase):
 
     def save(self, req: SaveRequest) -> None:
         self.failpoints.hit("save")
+        if req.kind == "state":  # a frozen role's call may run away from the model's home
+            checkpointing.save_interface_state(self.interfaces[req.interface], req.path, req.role, req.step)
+            logger.info("%s saved the state of %s to %s", self.name, req.interface, req.path)
+            return
         model = self.models[req.role]
         if req.kind == "hf":
             engine_parallel = getattr(model.module, "parallel", None)
@@ -272,7 +281,7 @@ class ModelWorker(WorkerBase):
                 return  # a whole replica: its first rank writes it
             self.interfaces[req.interface].save(model, req.path)
         elif req.kind == "recover":
-            checkpointing.save_recover(model, req.role, self._role_interfaces(req.role), req.path)
+            checkpointing.save_recover(model, req.role, self._role_interfaces(req.role), req.path, req.step)
         else:
             raise ValueError(f"unknown checkpoint kind {req.kind!r}")
         logger.info("%s saved %s (%s) to %s", self.name, req.role, req.kind, req.path)
@@ -285,8 +294,13 @@ class ModelWorker(WorkerBase):
     def load_recover(self, req: LoadRecoverRequest) -> None:
         for role, path in sorted(req.paths.items()):
             if role in self.models:
-                checkpointing.load_recover(self.models[role], role, self._role_interfaces(role), path)
+                interfaces = self._role_interfaces(role)
+                checkpointing.load_recover(self.models[role], role, interfaces, path, req.step)
                 logger.info("%s restored %s from %s", self.name, role, path)
+        for mfc, path in sorted(req.states.items()):
+            role = self.mfcs[mfc].role
+            checkpointing.load_interface_state(self.interfaces[mfc], path, role, req.step)
+            logger.info("%s restored the state of %s from %s", self.name, mfc, path)
 
     # -- model function calls --------------------------------------------------------------------
 

@@ -28,6 +28,13 @@ class InitializeRequest:
 
 
 @dataclasses.dataclass
+class InitializeReply:
+    # MFCs whose interface on this worker has state_dict / load_state_dict: a frozen role's
+    # (e.g. the reward normalisation) is saved in recover points beside the trained models
+    stateful: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
 class FetchRequest:
     """Samples ``pos .. pos + n`` of this worker's shard in the order of ``epoch``."""
 
@@ -41,12 +48,15 @@ class FetchRequest:
 class SaveRequest:
     """``kind="hf"``: ``interface`` saves the model (a collective when the model is sharded, else
     only its first rank writes); ``kind="recover"``: every rank of the model writes the engine's
-    resumable state (a collective)."""
+    resumable state (a collective); ``kind="state"``: the MFC ``interface`` writes its state to
+    the file ``path`` (a frozen role's part of a recover point). ``step``: the steps the
+    checkpoint holds, for error messages."""
 
     role: str
     kind: str
     path: str
     interface: str
+    step: int | None = None
 
 
 @dataclasses.dataclass
@@ -58,6 +68,8 @@ class EvaluateRequest:
 @dataclasses.dataclass
 class LoadRecoverRequest:
     paths: dict[str, str]  # role -> recover folder, for the trained roles
+    states: dict[str, str] = dataclasses.field(default_factory=dict)  # MFC -> this worker's state file
+    step: int | None = None
 
 
 @dataclasses.dataclass

@@ -80,7 +80,7 @@ def test_evaluation_checkpoints_and_an_exact_resume(local_run, tmp_path):
         assert json.load(f) == {"w": uninterrupted[1]["actor_train/w"], "version": 2}
     with open(os.path.join(first.run_dir, "checkpoints", "critic", "final", "scalar.json")) as f:
         assert json.load(f)["version"] == 4
-    assert sorted(os.listdir(os.path.join(first.run_dir, "recover"))) == ["latest.json", "step4"]
+    assert sorted(os.listdir(os.path.join(first.run_dir, "recover"))) == ["latest.json", "step2", "step4"]
     resumed_cfg = mock_config(tmp_path, "resume", total_train_epochs=2, ckpt_freq_steps=2, resume=True)
     resumed = run_experiment(resumed_cfg, "local")
     assert [s["step"] for s in resumed] == [5, 6, 7, 8]

@@ -12,6 +12,7 @@ import torch
 
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import Model
+from realrl.impl.model.backend.integrity import CheckpointError, remove_path, replace_dir
 from realrl.impl.model.utils.functional import (
     gather_packed_shifted_log_probs,
     masked_shifted_log_probs,
@@ -160,24 +161,37 @@ def save_model(model: Model, save_dir: str, extra: dict[str, Any] | None = None)
     """HF-format weights through the engine (or module), the tokenizer, and ``extra`` as JSON
     files (``{name}.json``) beside them, e.g. the reward normalisation.
 
+    Everything goes into ``<save_dir>.tmp`` first, which then replaces ``save_dir`` by renames:
+    a crash or a failed write (full or read-only disk) leaves the previous folder whole, and a
+    folder under the final name always holds weights, tokenizer and extras together.
+
     Every rank of a sharded model calls it (the weights are gathered collectively); only the
     engine's writing rank (``is_writer``) touches the folder."""
     target = model.module
     if not hasattr(target, "save_pretrained"):
         raise TypeError(f"model {model.name}: {type(target).__name__} offers no save_pretrained(dir)")
     writer = getattr(target, "is_writer", True)
+    save_dir = os.path.abspath(save_dir.rstrip("/"))
+    tmp = save_dir + ".tmp"
     if writer:
-        os.makedirs(save_dir, exist_ok=True)
-    target.save_pretrained(save_dir)
-    if not writer:
-        return
-    if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
-        model.tokenizer.save_pretrained(save_dir)
-    for name, value in (extra or {}).items():
-        tmp = os.path.join(save_dir, f"{name}.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(value, f, indent=2)
-        os.replace(tmp, os.path.join(save_dir, f"{name}.json"))
+        remove_path(tmp)  # left by a crash
+    try:
+        target.save_pretrained(tmp)  # a collective when sharded: every rank comes here first
+        if not writer:
+            return
+        if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
+            model.tokenizer.save_pretrained(tmp)
+        for name, value in (extra or {}).items():
+            with open(os.path.join(tmp, f"{name}.json"), "w") as f:
+                json.dump(value, f, indent=2)
+        replace_dir(tmp, save_dir)
+    except Exception as e:
+        if writer:
+            remove_path(tmp)
+        raise CheckpointError(
+            f"model {model.name}: cannot write its checkpoint {save_dir} ({type(e).__name__}: {e}); "
+            "the previous one there, if any, is unchanged"
+        ) from e
 
 
 def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import torch
@@ -27,6 +28,7 @@ from realrl.impl.interface.common import (
     save_model,
     scalar_output,
 )
+from realrl.impl.model.backend import dp
 from realrl.impl.model.utils.losses import bradley_terry_loss
 
 logger = logging.getLogger("paired_rw")
@@ -159,13 +161,22 @@ class PairedRewardInterface(ModelInterface):
         self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None
     ) -> tuple[float, float]:
         """Seed 002 RM detail 3: from rewards of policy samples, g = sigma_T / sigma_D and
-        b = mu_T - g * mu_D (computed with gain 1, bias 0); sets and returns (gain, bias)."""
+        b = mu_T - g * mu_D (computed with gain 1, bias 0); sets and returns (gain, bias).
+
+        With data parallelism the moments are those of the whole batch (summed over the dp
+        ranks), so every rank fits the same gain and bias, whatever the layout."""
         require_keys(data, (INPUT_KEY,), "paired_rw.fit_normalization")
         self.gain, self.bias = 1.0, 0.0
         raw = self._scores(model, data, mb_spec).double()  # gain 1, bias 0: raw head outputs
-        if raw.numel() < 2:
+        group = getattr(model.module, "dp_group", None)
+        n = dp.all_reduce_sum(raw.numel(), group)
+        if n < 2:
             raise ValueError("paired_rw.fit_normalization needs at least 2 sequences")
-        mu, sigma = float(raw.mean()), float(raw.std(unbiased=False))
+        if dp.world_size(group) == 1:
+            mu, sigma = float(raw.mean()), float(raw.std(unbiased=False))
+        else:
+            mu = dp.all_reduce_sum(float(raw.sum()), group) / n
+            sigma = math.sqrt(dp.all_reduce_sum(float(((raw - mu) ** 2).sum()), group) / n)
         self.gain = self.target_std / max(sigma, 1e-8)
         self.bias = self.target_mean - self.gain * mu
         logger.info(
@@ -182,6 +193,15 @@ class PairedRewardInterface(ModelInterface):
             self._normalized_once = True
         rewards = self._scores(model, data, mb_spec).float()
         return per_sequence_sample(data, "rewards", rewards)
+
+    def state_dict(self) -> dict:
+        """Gain, bias and whether they were fitted: a resumed PPO run must not refit them on the
+        already-trained policy's samples (recover points save a frozen role's state too)."""
+        return {"gain": self.gain, "bias": self.bias, "normalized_once": self._normalized_once}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gain, self.bias = float(state["gain"]), float(state["bias"])
+        self._normalized_once = bool(state["normalized_once"])
 
     def save(self, model: Model, save_dir: str) -> None:
         save_model(model, save_dir, {"reward_normalization": {"gain": self.gain, "bias": self.bias}})

@@ -11,8 +11,10 @@ Layout of ``<dir>``:
   extra_state_rank{r}.pt              what the caller passed (data position, model version, ...)
 
 Everything is written into ``<dir>.tmp`` and renamed onto ``<dir>`` only once every rank has
-finished writing, so a crash never leaves a half-written checkpoint under the final name. With
-several ranks all of them must see one file system.
+finished writing, so a crash never leaves a half-written checkpoint under the final name, and a
+write that fails (a full or read-only disk) leaves the previous checkpoint as it was and raises on
+every rank (none waits for the others in a collective). A file that cannot be read back raises
+``CheckpointError`` naming it. With several ranks all of them must see one file system.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.distributed as dist
 
 from realrl.base import logging
 from realrl.impl.model.backend import dp
+from realrl.impl.model.backend.integrity import CheckpointError, check_file, replace_dir
 
 logger = logging.getLogger("checkpoint")
 
@@ -87,13 +90,26 @@ def load_module_weights(module: torch.nn.Module, path: str) -> None:
     if hasattr(module, "save_pretrained") and hasattr(type(module), "from_pretrained"):
         cfg = getattr(module, "config", None)
         kwargs = {"is_critic": cfg.is_critic} if hasattr(cfg, "is_critic") else {}
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".safetensors"):
+                check_file(os.path.join(path, name))
         loaded = type(module).from_pretrained(path, **kwargs)
         module.load_state_dict(loaded.state_dict(), strict=True)
         return
     file = os.path.join(path, WEIGHTS)
     if not os.path.exists(file):
         raise FileNotFoundError(f"checkpoint {path!r} has no {WEIGHTS}")
+    check_file(file)
     safetensors.torch.load_model(module, file, strict=True, device=str(next(module.parameters()).device))
+
+
+def _torch_load(file: str) -> Any:
+    """``torch.load`` of a file this module wrote, or ``CheckpointError`` naming it."""
+    check_file(file)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
+        raise CheckpointError(f"{file}: cannot be read back ({type(e).__name__}: {e})") from e
 
 
 def _write_rank_files(path: str, rank: int, extra_state: Any) -> None:
@@ -135,7 +151,7 @@ def save_checkpoint(
     in place of ``module``'s whole weights.
     """
     path = os.path.abspath(path)
-    tmp, old = path + ".tmp", path + ".old"
+    tmp = path + ".tmp"
     r = dp.rank(group)
 
     def cleanup() -> None:
@@ -164,13 +180,12 @@ def save_checkpoint(
     _collective_try(
         "writing RNG and extra state", path, group, lambda: _write_rank_files(tmp, r, extra_state), cleanup
     )
-    if r == 0:
-        if os.path.exists(path):
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    dp.barrier(group)
+
+    def publish() -> None:
+        if r == 0:
+            replace_dir(tmp, path)
+
+    _collective_try("renaming the finished checkpoint into place", path, group, publish, cleanup)
 
 
 def load_checkpoint(
@@ -203,13 +218,13 @@ def load_checkpoint(
                 "resume with the layout and engine.fsdp setting it was saved with"
             )
         load_shards(shards)
-    engine_state = torch.load(state_file, map_location="cpu", weights_only=False)
+    engine_state = _torch_load(state_file)
     r = dp.rank(group)
     rng_file = os.path.join(path, f"rng_state_rank{r}.pt")
     if os.path.exists(rng_file):
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(_torch_load(rng_file))
     else:
         logger.warning("checkpoint %s has no RNG state for rank %d; RNG not restored", path, r)
     extra_file = os.path.join(path, f"extra_state_rank{r}.pt")
-    extra = torch.load(extra_file, weights_only=False) if os.path.exists(extra_file) else None
+    extra = _torch_load(extra_file) if os.path.exists(extra_file) else None
     return engine_state, extra
