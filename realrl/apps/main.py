@@ -2,8 +2,11 @@
 
 The master runs in this process (it holds metadata only); model workers run as subprocesses
 (``local``) or Ray actors (``ray``, on ``ray.init(address=...)``'s cluster or a local one). Any
-failure — an exception in a worker, a worker that dies or stops heartbeating, Ctrl-C — stops
-every worker and raises ``ExperimentFailedError`` naming the worker with its last log lines.
+failure — an exception in a worker, a worker that dies or stops heartbeating — stops every
+worker and raises ``ExperimentFailedError`` naming the worker with its last log lines; Ctrl-C or
+SIGTERM (``realrl.apps.signals``) stops every worker and raises ``KeyboardInterrupt``. Options
+that cannot run (a layout that cannot split its model, more workers than GPUs) raise
+``UserError`` before any worker starts.
 
 CLI: ``python -m realrl.apps.main <experiment_config.pkl> [--mode local|ray] [--ray-address A]``.
 """
@@ -16,12 +19,15 @@ import os
 import pickle
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from realrl.api.core import devices
 from realrl.api.core.layout_fit import check_layouts
 from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
 from realrl.api.quickstart.memory_plan import model_config
+from realrl.apps.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, data_error_message, one_line
+from realrl.apps.signals import exit_code, handlers_kept, interrupted_message, stop_on_signals
 from realrl.base import logging, network
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.system import names
@@ -39,6 +45,8 @@ from realrl.system.standby import StandbyWorkers
 logger = logging.getLogger("main")
 
 MODES = ("local", "ray")
+CANCEL_WAIT_S = 5.0  # after an interruption, how long the master's tasks get to finish cancelling
+T = TypeVar("T")
 
 
 class ExperimentFailedError(RuntimeError):
@@ -64,8 +72,11 @@ def run_experiment(
     ``standby`` (local mode): warmed-up worker processes to use first (``realrl.system.standby``);
     ``warm_next``: start as many again for a run that follows."""
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    check_layouts(_role_layouts(config), _split_models(config))
+        raise UserError(f"mode must be one of {MODES}, got {mode!r}")
+    try:
+        check_layouts(_role_layouts(config), _split_models(config))
+    except ValueError as e:  # a layout that cannot split its model: the options are at fault
+        raise UserError(str(e)) from e
     os.makedirs(config.log_dir, exist_ok=True)
     secret = secrets.token_bytes(32)
     if mode == "local":
@@ -76,10 +87,14 @@ def run_experiment(
         import ray
 
         if not ray.is_initialized():
-            ray.init(address=ray_address) if ray_address else ray.init()
+            with handlers_kept():  # Ctrl-C and SIGTERM keep stopping the run our way
+                ray.init(address=ray_address) if ray_address else ray.init()
         nr_cfg = NameResolveConfig("ray", namespace=f"realrl/{config.experiment_name}/{config.trial_name}")
         host = ray.util.get_node_ip_address()
-    placed, backend, gpus_per_worker = _devices(config, mode)
+    try:
+        placed, backend, gpus_per_worker = _devices(config, mode)
+    except ValueError as e:  # more workers than GPUs without colocate=true, and such
+        raise UserError(str(e)) from e
     if mode != "local":
         launcher = RayLauncher(config.log_dir, secret, ray_cpus_per_worker, gpus_per_worker)
     record = make_name_record(nr_cfg)
@@ -91,7 +106,7 @@ def run_experiment(
     )
     ok = False
     try:
-        stats = asyncio.run(
+        stats = run_bounded(
             _run_master(config, Codec(secret), record, host, launcher, worker_configs, on_step)
         )
         ok = True
@@ -104,13 +119,50 @@ def run_experiment(
         message = f"experiment {run_root} failed: {e}"
         if worker is not None:
             message += f"\n--- last lines of {worker}'s log ---\n{launcher.log_tail(worker)}"
-        logger.error("%s", message)
+        data_error = data_error_message(e)
+        if data_error is None:
+            logger.error("%s", message)
+        else:  # the user's data: one line; the traceback stays in the worker's log
+            logger.error("experiment %s stopped by its data (%s): %s", run_root, worker, data_error)
         raise ExperimentFailedError(message, worker) from e
     finally:
         launcher.stop(grace=config.timeouts.shutdown if ok else 0.0)  # after a failure: stop them now
         record.clear_subtree(run_root)
         logging.getLogger("realrl").removeHandler(log_handler)
         log_handler.close()
+
+
+def run_bounded(main: Coroutine[Any, Any, T], cancel_wait_s: float = CANCEL_WAIT_S) -> T:
+    """``asyncio.run(main)``, but when it ends early (Ctrl-C, SIGTERM, an error) the tasks left
+    get ``cancel_wait_s`` to finish their cancellation, not forever: a task that misses its
+    cancellation (it raced with a reply landing at the same moment) would otherwise hang the
+    interrupted run, and the workers are stopped by the launcher whatever the tasks do."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # as asyncio.run does
+    loop.set_exception_handler(_quiet_on_interrupt)
+    done = False
+    try:
+        result = loop.run_until_complete(main)
+        done = True
+        return result
+    finally:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=cancel_wait_s))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        if done:
+            loop.run_until_complete(loop.shutdown_default_executor())
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's report of a task left holding the ``KeyboardInterrupt`` of Ctrl-C or SIGTERM (a
+    traceback on stderr) is dropped: the run was stopped on purpose. Anything else is reported."""
+    if not isinstance(context.get("exception"), KeyboardInterrupt):
+        loop.default_exception_handler(context)
 
 
 def _role_layouts(config: ExperimentConfig) -> dict[str, list]:
@@ -184,16 +236,21 @@ def main(argv: list[str] | None = None) -> None:
         "--ray-address", default=None, help="an existing Ray cluster (default: start a local one)"
     )
     args = parser.parse_args(argv)
-    with open(args.config, "rb") as f:
-        config = pickle.load(f)
     try:
-        run_experiment(config, args.mode, args.ray_address)
+        with stop_on_signals():  # first: Ctrl-C / SIGTERM stop the run even when SIGINT came ignored
+            with open(args.config, "rb") as f:
+                config = pickle.load(f)
+            run_experiment(config, args.mode, args.ray_address)
+    except KeyboardInterrupt as e:
+        print(interrupted_message(e), file=sys.stderr)
+        sys.exit(exit_code(e))
+    except UserError as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     except ExperimentFailedError as e:
-        print(f"realrl: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("realrl: interrupted; every worker was stopped", file=sys.stderr)
-        sys.exit(130)
+        data_error = data_error_message(e)
+        print(f"error: {data_error}" if data_error else f"realrl: {e}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR if data_error else EXIT_FAILED)
 
 
 __all__ = ["ExperimentFailedError", "run_experiment", "RequestTimeoutError", "WorkerError", "WorkerLostError"]

@@ -65,7 +65,8 @@ def plan(argv: list[str]) -> str:
     """The printed plan; ValueError when it cannot be made or does not fit."""
     from realrl.api.quickstart.entrypoint import quickstart_experiments
     from realrl.api.quickstart.memory_plan import check_fits, format_plan, model_config, plan_memory
-    from realrl.apps.quickstart import DATA_PATH_KEYS, _override_key, _register_everything, build_config
+    from realrl.apps.overrides import override_key
+    from realrl.apps.quickstart import DATA_PATH_KEYS, _register_everything, build_config
 
     name, overrides, memory_gb, n_devices = _split_args(argv)
     _register_everything()
@@ -73,7 +74,7 @@ def plan(argv: list[str]) -> str:
         raise ValueError(f"unknown experiment {name!r}; choose one of {quickstart_experiments()}")
     with _no_toy_files():
         exp = build_config(name, overrides).initial_setup()
-    toy = not any(_override_key(o) in DATA_PATH_KEYS for o in overrides)
+    toy = not any(override_key(o) in DATA_PATH_KEYS for o in overrides)
     configs = {
         role: model_config(spec, _toy_fallback(spec, exp.fileroot) if toy else None)
         for role, spec in exp.models.items()
@@ -96,6 +97,8 @@ def plan(argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
+    from realrl.apps.errors import EXIT_USER_ERROR, one_line
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__.strip(), file=sys.stdout if argv else sys.stderr)
@@ -103,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(plan(argv))
     except (ValueError, LookupError, OmegaConfBaseException) as e:
-        message = " ".join(str(e).split())  # one line: omegaconf's messages span several
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        return EXIT_USER_ERROR
     return 0
 
 

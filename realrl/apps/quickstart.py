@@ -1,19 +1,37 @@
 """The command line: ``python -m realrl.apps.quickstart <experiment> key=value ...``.
 
-Experiments are hydra structured configs registered with ``register_quickstart_exp``. Every
-override is checked (unknown keys, wrong types, values outside their choices) before any worker
-starts. With no dataset path the experiment runs on the embedded toy task: its preset overrides
+Experiments are structured configs (dataclasses read by omegaconf, with hydra's ``key=value``
+and ``+key=value``) registered with ``register_quickstart_exp``. Every override is checked
+(unknown keys, wrong types, values outside their choices) before any worker starts. With no
+dataset path the experiment runs on the embedded toy task: its preset overrides
 come first, so anything on the command line still wins, and the phases it builds on (SFT, reward
 model) run first unless their checkpoints are already under ``fileroot``.
+
+A mistake in the options or the input (``realrl.apps.errors``) is one ``error:`` line naming the
+key, or the data file and line, and exit status 2, before any worker starts where it can be
+found then (``debug=true`` adds the traceback). Ctrl-C and SIGTERM stop the run and every worker
+(``realrl.apps.signals``): exit status 130 and 143.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import traceback
+from typing import Any
 
 from realrl.api.core.layout import Layout
 from realrl.api.quickstart.entrypoint import get_quickstart_exp, quickstart_experiments
+from realrl.apps.errors import (
+    EXIT_FAILED,
+    EXIT_USER_ERROR,
+    UserError,
+    data_error_message,
+    one_line,
+    wants_traceback,
+)
+from realrl.apps.overrides import merge, override_key, to_object
+from realrl.apps.signals import exit_code, interrupted_message, stop_on_signals
 from realrl.base import logging
 from realrl.system.standby import StandbyWorkers
 
@@ -21,6 +39,8 @@ logger = logging.getLogger("quickstart")
 
 DATA_PATH_KEYS = ("dataset.train_path", "dataset.path")
 PRESET_KEY = "ppo_preset"
+HELP_FLAGS = ("-h", "--help", "help")
+MAX_STANDBY = 64  # standby processes start before any option is checked: a typo must not fork 10**6
 
 
 def _register_everything() -> None:
@@ -28,13 +48,9 @@ def _register_everything() -> None:
     import realrl.impl  # noqa: F401
 
 
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def toy_overrides(config_cls: type, overrides: list[str]) -> list[str]:
     """The toy task's preset when the user names no dataset path (else nothing)."""
-    if any(_override_key(o) in DATA_PATH_KEYS for o in overrides):
+    if any(override_key(o) in DATA_PATH_KEYS for o in overrides):
         return []
     # the toy model is tiny: one thread per worker beats several (per-op overhead dominates)
     return ["torch_threads=1"] + list(getattr(config_cls, "TOY_PRESET", [])) + ["trial_name=toy-seed${seed}"]
@@ -46,12 +62,12 @@ def preset_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
 
     rest, expanded = [], []
     for o in overrides:
-        if _override_key(o) != PRESET_KEY:
+        if override_key(o) != PRESET_KEY:
             rest.append(o)
             continue
-        name = o.split("=", 1)[1]
+        name = o.split("=", 1)[1].strip().strip("'\"")
         if name not in PRESETS:
-            raise SystemExit(f"error: {PRESET_KEY}={name!r} is not a preset; choose one of {sorted(PRESETS)}")
+            raise UserError(f"{PRESET_KEY}={name!r} is not a preset; choose one of {sorted(PRESETS)}")
         for key, value in PRESETS[name]().items():
             if dataclasses.is_dataclass(value):
                 expanded += [f"ppo.{key}.{k}={_fmt(v)}" for k, v in dataclasses.asdict(value).items()]
@@ -68,18 +84,101 @@ def _fmt(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def build_config(name: str, overrides: list[str]):
-    """The experiment's config object from ``overrides`` (what hydra does, without a CLI; hydra's
-    ``+key=value``, which adds a key to a dict option such as ``manual``, is taken too)."""
+def build_config(name: str, overrides: list[str]) -> Any:
+    """The experiment's config object from ``overrides``: every key, type and value checked, a
+    mistake a ``UserError`` naming the override (``realrl.apps.overrides``). hydra's
+    ``+key=value``, which adds a key to a dict option such as ``manual``, is taken too."""
+    node, user = config_node(name, overrides)
+    return to_object(node, user)
+
+
+def config_node(name: str, overrides: list[str]) -> tuple[Any, list[str]]:
+    """The experiment's omegaconf node, interpolations not resolved (what ``--cfg job`` shows),
+    and the user's own overrides (the presets expanded out of them)."""
+    _register_everything()
+    if name not in quickstart_experiments():
+        raise UserError(f"unknown experiment {name!r}; choose one of {quickstart_experiments()}")
+    cls = get_quickstart_exp(name)
+    expanded, user = preset_overrides(overrides)
+    dotlist = [f"experiment_name={name}"] + toy_overrides(cls, user) + expanded + user
+    return merge(cls, dotlist, user), user
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """What a command line asks for: print ``text`` (help, ``--cfg job``), or run ``config``
+    (``phases``: it and the phases it builds on, once ``prepare`` has checked them)."""
+
+    name: str = ""
+    config: Any = None
+    text: str = ""
+    phases: tuple = ()
+
+
+def prepare(argv: list[str]) -> Command:
+    """``argv`` checked as far as it can be before any worker starts: the options
+    (``parse_command``), then every phase's paths and runtime config (``plan_phases``). What
+    ``main`` runs, or a ``UserError`` naming the argument, file or key at fault."""
+    from realrl.apps.run import plan_phases
+
+    command = parse_command(argv)
+    if command.config is None:
+        return command
+    return dataclasses.replace(command, phases=tuple(plan_phases(command.name, command.config)))
+
+
+def parse_command(argv: list[str]) -> Command:
+    """What ``argv`` asks for, every option checked (the paths are checked next, by
+    ``realrl.apps.run.plan_phases``); a mistake is a ``UserError`` naming the argument."""
     from omegaconf import OmegaConf
 
     _register_everything()
-    cls = get_quickstart_exp(name)
-    overrides = [o[1:] if o.startswith("+") else o for o in overrides]
-    expanded, overrides = preset_overrides(overrides)
-    dotlist = [f"experiment_name={name}"] + toy_overrides(cls, overrides) + expanded + list(overrides)
-    cfg = OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.from_dotlist(dotlist))
-    return OmegaConf.to_object(cfg)
+    if not argv or argv[0] in HELP_FLAGS:
+        return Command(text=usage())
+    name, rest = argv[0], argv[1:]
+    if name.startswith("-") or "=" in name:
+        raise UserError(f"{name!r}: the experiment comes first, one of {quickstart_experiments()}")
+    overrides, flags = _split_flags(rest)
+    node, user = config_node(name, overrides)
+    if "help" in flags:
+        return Command(name, text=experiment_help(name, OmegaConf.to_yaml(node)))
+    config = to_object(node, user)
+    if "cfg" in flags:
+        return Command(name, text=OmegaConf.to_yaml(node))
+    return Command(name, config)
+
+
+def _split_flags(args: list[str]) -> tuple[list[str], set[str]]:
+    """(the key=value overrides, the flags: 'help' and 'cfg' for ``--cfg job``)."""
+    overrides: list[str] = []
+    flags: set[str] = set()
+    it = iter(args)
+    for arg in it:
+        if arg in HELP_FLAGS[:2]:
+            flags.add("help")
+        elif arg in ("--cfg", "-c", "--cfg=job"):
+            value = "job" if arg == "--cfg=job" else next(it, "")
+            if value != "job":
+                raise UserError(f"{arg} {value}: only '--cfg job' (print the resolved config) is supported")
+            flags.add("cfg")
+        elif arg.startswith("-"):
+            raise UserError(f"unknown flag {arg!r}; the flags are --help and --cfg job")
+        else:
+            overrides.append(arg)
+    return overrides, flags
+
+
+def experiment_help(name: str, options: str) -> str:
+    return "\n".join(
+        [
+            f"usage: python -m realrl.apps.quickstart {name} [key=value ...] [--cfg job]",
+            "",
+            "Every option, with its value for these arguments (set any with key=value; hydra's",
+            "+key=value adds a key to a dict option such as manual):",
+            "",
+            options,
+        ]
+    )
 
 
 def _is_group(field: dataclasses.Field) -> bool:
@@ -117,13 +216,13 @@ def standby_count(argv: list[str]) -> int:
     that runs nothing (help, ``--cfg``) none."""
     if not argv or argv[0] in ("-h", "--help", "help") or any(a.startswith("-") for a in argv[1:]):
         return 0
-    values = {_override_key(o): o.split("=", 1)[1] for o in argv[1:] if "=" in o}
+    values = {override_key(o): o.split("=", 1)[1] for o in argv[1:] if "=" in o}
     asked = values.get("standby_workers", "null")
     if asked.isdigit():  # anything else is left to the config's own check (or means the default)
-        return int(asked)
+        return min(int(asked), MAX_STANDBY)
     if values.get("mode", "local") != "local":
         return 0
-    return _workers_used(values.get("allocation_mode", "d1").strip().strip("\"'"))
+    return min(_workers_used(values.get("allocation_mode", "d1").strip().strip("\"'")), MAX_STANDBY)
 
 
 def _workers_used(allocation_mode: str) -> int:
@@ -139,48 +238,62 @@ def _workers_used(allocation_mode: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # first, so that the workers' imports overlap this process's own (realrl, torch, hydra)
-    n = standby_count(argv)
-    standby = StandbyWorkers(n) if n else None  # None: no standby process, not even between phases
+    """The command line; exits with ``command_line``'s status when it is not 0."""
+    status = command_line(list(sys.argv[1:] if argv is None else argv))
+    if status:
+        sys.exit(status)
+
+
+def command_line(argv: list[str]) -> int:
+    """Run ``argv``; the exit status: 0 done, 1 the run failed (a worker crashed: the message
+    names it), 2 a configuration or input error (one ``error:`` line), 130 / 143 stopped by
+    SIGINT / SIGTERM (every worker stopped)."""
+    debug = wants_traceback(argv)
     try:
-        _main(argv, standby)
-    finally:
-        if standby is not None:
-            standby.close()
+        with stop_on_signals():  # first: Ctrl-C / SIGTERM stop the run even when SIGINT came ignored
+            # then the standby workers, so that their imports overlap this process's own
+            n = standby_count(argv)
+            standby = StandbyWorkers(n) if n else None  # None: none, not even between phases
+            try:
+                _main(argv, standby)
+            finally:
+                if standby is not None:
+                    standby.close()
+    except KeyboardInterrupt as e:
+        print(interrupted_message(e), file=sys.stderr)
+        return exit_code(e)
+    except Exception as e:
+        status = _failure_status(e, debug)
+        if status is None:
+            raise  # a bug: Python's own traceback, exit status 1
+        return status
+    return 0
+
+
+def _failure_status(e: Exception, debug: bool) -> int | None:
+    """Print what the user needs to see of ``e`` and return the exit status; None for a bug."""
+    from realrl.apps.main import ExperimentFailedError
+
+    data_error = data_error_message(e)
+    if isinstance(e, ExperimentFailedError) and data_error is None:
+        print(f"realrl: {e}", file=sys.stderr)  # not the user's to fix: the whole story
+        return EXIT_FAILED
+    if not isinstance(e, (UserError, ExperimentFailedError)) and data_error is None:
+        return None
+    if debug:
+        traceback.print_exception(e)
+    print(f"error: {data_error or one_line(str(e))}", file=sys.stderr)
+    return EXIT_USER_ERROR
 
 
 def _main(argv: list[str], standby: StandbyWorkers | None) -> None:
-    _register_everything()
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
+    command = prepare(argv)
+    if command.config is None:
+        print(command.text)
         return
-    name, overrides = argv[0], argv[1:]
-    if name not in quickstart_experiments():
-        raise SystemExit(f"error: unknown experiment {name!r}; choose one of {quickstart_experiments()}")
-    import hydra
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
     from realrl.apps.run import run_quickstart
 
-    cls = get_quickstart_exp(name)
-    ConfigStore.instance().store(name=name, node=cls)
-    expanded, rest = preset_overrides(overrides)
-    hydra_args = [
-        "hydra.run.dir=${fileroot}/${experiment_name}/${trial_name}",
-        "hydra.output_subdir=null",
-        "hydra/job_logging=none",
-        "hydra/hydra_logging=none",
-    ]
-    defaults = [f"experiment_name={name}"] + toy_overrides(cls, rest) + expanded
-    sys.argv = [f"realrl.apps.quickstart {name}"] + hydra_args + defaults + rest
-
-    @hydra.main(version_base=None, config_name=name)
-    def run(cfg) -> None:
-        run_quickstart(name, OmegaConf.to_object(cfg), standby)
-
-    run()
+    run_quickstart(command.name, command.config, standby, list(command.phases))
 
 
 if __name__ == "__main__":

@@ -3,17 +3,24 @@ user sees at the end (learning curves, the summary table and ``summary.json``)."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from realrl.api.core.dfg import build_graph, draw_graph
+from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.apps.errors import UserError, data_error_message, one_line
 from realrl.apps.main import ExperimentFailedError, run_experiment
+from realrl.apps.preflight import check_paths
 from realrl.base import logging, stats
 from realrl.experiments.toy import final_checkpoint, has_checkpoint
 from realrl.system.standby import StandbyWorkers
 
 logger = logging.getLogger("quickstart")
+T = TypeVar("T")
 
 CURVES = {
     "reward": ["actor_train/task_reward", "actor_train/reward", "rwTrain/eval_accuracy"],
@@ -87,28 +94,67 @@ def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
     return out
 
 
-def run_prerequisites(cfg: CommonExperimentConfig, standby: StandbyWorkers | None = None) -> None:
-    """Run the phases ``cfg`` builds on unless their final checkpoints already exist (each one
-    warms up standby workers for the phase after it)."""
+@dataclasses.dataclass
+class Phase:
+    """One run of a quickstart command: its experiment name, its options and what they make."""
+
+    name: str
+    config: CommonExperimentConfig
+    experiment: ExperimentConfig
+
+
+def plan_phases(name: str, cfg: CommonExperimentConfig) -> list[Phase]:
+    """The phases ``cfg`` builds on that have no final checkpoint yet (each after the ones it
+    builds on), then ``cfg``'s own. Every phase's options, paths and runtime config are checked
+    here, before the first of them starts: a mistake is found in seconds, not after an SFT run."""
     from realrl.apps.quickstart import build_config
 
-    for name, extra in getattr(cfg, "prerequisites", lambda: [])():
-        pre = build_config(name, _shared_overrides(cfg) + extra + list(cfg.prerequisite_overrides))
-        if has_checkpoint(final_checkpoint(pre.fileroot, pre.experiment_name, pre.trial_name, "default")):
-            logger.info("reusing the %s checkpoint under %s", name, pre.run_dir)
-            continue
-        logger.info("running the %s phase first (no checkpoint under %s)", name, pre.run_dir)
-        run_prerequisites(pre, standby)
-        run_one(pre, standby, warm_next=True)
+    phases: list[Phase] = []
+    planned: set[str] = set()
+
+    def visit(name: str, cfg: CommonExperimentConfig, context: str) -> None:
+        checked(context, check_paths, cfg)  # first: before the phases it builds on make the toy task
+        for pre_name, extra in getattr(cfg, "prerequisites", lambda: [])():
+            where = f"the {pre_name} phase this run builds on"
+            try:
+                pre = build_config(
+                    pre_name, _shared_overrides(cfg) + extra + list(cfg.prerequisite_overrides)
+                )
+            except UserError as e:
+                raise UserError(f"{where} (prerequisite_overrides): {e}") from e
+            if pre.run_dir in planned:
+                continue
+            if has_checkpoint(final_checkpoint(pre.fileroot, pre.experiment_name, pre.trial_name, "default")):
+                logger.info("reusing the %s checkpoint under %s", pre_name, pre.run_dir)
+                planned.add(pre.run_dir)
+                continue
+            visit(pre_name, pre, where)
+        planned.add(cfg.run_dir)
+        phases.append(Phase(name, cfg, checked(context, cfg.initial_setup)))
+
+    visit(name, cfg, "")
+    return phases
+
+
+def checked(context: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, a configuration error raised as a ``UserError`` led by ``context``."""
+    try:
+        return fn(*args)
+    except (ValueError, LookupError, OSError) as e:  # ValueError includes UserError, DataError
+        raise UserError(f"{context}: {one_line(str(e))}" if context else one_line(str(e))) from e
 
 
 def run_one(
-    cfg: CommonExperimentConfig, standby: StandbyWorkers | None = None, warm_next: bool = False
+    cfg: CommonExperimentConfig,
+    standby: StandbyWorkers | None = None,
+    warm_next: bool = False,
+    exp: ExperimentConfig | None = None,
 ) -> list[dict]:
-    """Launch ``cfg`` (in ``standby`` processes first, local mode). ``recover_mode=resume``
-    continues from the run's last recover point; ``auto`` restarts a failed run from its last
-    recover point up to ``recover_retries`` times."""
-    exp = cfg.initial_setup()
+    """Launch ``cfg`` (in ``standby`` processes first, local mode); ``exp``: its runtime config
+    when already made. ``recover_mode=resume`` continues from the run's last recover point;
+    ``auto`` restarts a failed run from its last recover point up to ``recover_retries`` times
+    (not when the data is at fault: a restart would fail the same way)."""
+    exp = exp or cfg.initial_setup()
     os.makedirs(exp.run_dir, exist_ok=True)
     draw_graph(build_graph(exp.mfcs), os.path.join(exp.run_dir, "dataflow_graph.png"))
     attempts = 1 + (cfg.recover_retries if cfg.recover_mode == "auto" else 0)
@@ -121,7 +167,7 @@ def run_one(
                     exp, mode=cfg.mode, ray_address=cfg.ray_address, on_step=monitor, **local
                 )
             except ExperimentFailedError as e:
-                if attempt == attempts:
+                if attempt == attempts or data_error_message(e) is not None:
                     raise
                 logger.error(
                     "run failed (attempt %d of %d): %s; resuming from the last recover point",
@@ -135,10 +181,20 @@ def run_one(
     raise AssertionError("unreachable")
 
 
-def run_quickstart(name: str, cfg: CommonExperimentConfig, standby: StandbyWorkers | None = None) -> dict:
+def run_quickstart(
+    name: str,
+    cfg: CommonExperimentConfig,
+    standby: StandbyWorkers | None = None,
+    phases: list[Phase] | None = None,
+) -> dict:
+    """Every phase checked first (``plan_phases``, unless ``phases`` is its answer already), then
+    run; the summary of the last one, ``cfg``'s own."""
     start = time.time()
-    run_prerequisites(cfg, standby)
-    records = run_one(cfg, standby)
+    *before, phase = phases or plan_phases(name, cfg)
+    for pre in before:
+        logger.info("running the %s phase first (no checkpoint under %s)", pre.name, pre.config.run_dir)
+        run_one(pre.config, standby, warm_next=True, exp=pre.experiment)
+    records = run_one(cfg, standby, exp=phase.experiment)
     run_dir = cfg.run_dir
     stats_path = os.path.join(run_dir, "stats.jsonl")
     plots = (

@@ -15,8 +15,9 @@ from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.allocation import parse_allocation
-from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.modules.attention import ATTN_IMPLS
 
 
 @dataclasses.dataclass
@@ -33,7 +34,11 @@ class ModelTrainEvalConfig:
     keep_gen_copy: bool = False  # a call in another layout keeps its copy of the weights between calls
 
     def __post_init__(self) -> None:
-        MicroBatchSpec(self.n_mbs, self.max_tokens_per_mb)  # validates
+        try:
+            MicroBatchSpec(self.n_mbs, self.max_tokens_per_mb)  # validates
+        except ValueError as e:  # named by the field the user sets, n_mbs or max_tokens_per_mb
+            raise ValueError(str(e).removeprefix("MicroBatchSpec.")) from None
+        check_choice("attn_impl", self.attn_impl, ATTN_IMPLS)
 
     def mb_spec(self) -> MicroBatchSpec:
         return MicroBatchSpec(self.n_mbs, self.max_tokens_per_mb)
@@ -44,8 +49,11 @@ class ModelTrainEvalConfig:
         default_config: dict[str, Any] | None = None,
         tokenizer_path: str | None = None,
         critic_head_init: str = "reward",
+        key: str = "model",
+        hint: str = "",
     ) -> ModelAbstraction:
-        """A "real_model" from ``path``, or random weights of ``default_config`` when no path."""
+        """A "real_model" from ``path``, or random weights of ``default_config`` when no path.
+        ``key``: the role's config group and ``hint`` another way out, for the message."""
         args: dict[str, Any] = {"is_critic": is_critic, "attn_impl": self.attn_impl}
         if tokenizer_path:
             args["tokenizer_path"] = tokenizer_path
@@ -56,7 +64,10 @@ class ModelTrainEvalConfig:
         elif default_config is not None:
             args["config"] = dict(default_config)
         else:
-            raise ValueError("a model needs path=<local HF checkpoint folder> (no default model here)")
+            raise ValueError(
+                f"{key}.path is required: a local Hugging Face checkpoint folder (only the toy task, "
+                f"with no dataset path, has default models){hint}"
+            )
         return ModelAbstraction("real_model", args)
 
     def backend(self, trainable: bool, key: str = "model") -> ModelBackendAbstraction:
@@ -111,32 +122,37 @@ def experiment_config(
     ctrl = common.exp_ctrl
     allocation = parse_allocation(common.allocation_mode, mfcs, common.manual, common.manual_layouts)
     homes = allocation.homes
-    return ExperimentConfig(
-        experiment_name=common.experiment_name,
-        trial_name=common.trial_name,
-        mfcs=mfcs,
-        models=models,
-        allocations={role: list(p.workers) for role, p in homes.items()},
-        layouts={role: p.layout for role, p in homes.items()},
-        mfc_placements={m.name: p for m in mfcs if (p := allocation.calls[m.name]) != homes[m.role]},
-        datasets=datasets,
-        tokenizer_path=tokenizer_path,
-        fileroot=common.fileroot,
-        seed=common.seed,
-        total_train_epochs=ctrl.total_train_epochs,
-        total_train_steps=ctrl.total_train_steps,
-        save_freq_steps=ctrl.save_freq_steps,
-        ckpt_freq_steps=ctrl.ckpt_freq_steps,
-        eval_freq_steps=ctrl.eval_freq_steps,
-        eval_datasets=list(eval_datasets or []),
-        resume=common.recover_mode == "resume",
-        import_modules=list(common.import_modules),
-        device=common.resolved_device(),
-        colocate=common.colocate,
-        torch_threads=common.torch_threads,
-        retain_freed_memory=common.retain_freed_memory,
-        **extra,
-    )
+    try:
+        return ExperimentConfig(
+            experiment_name=common.experiment_name,
+            trial_name=common.trial_name,
+            mfcs=mfcs,
+            models=models,
+            allocations={role: list(p.workers) for role, p in homes.items()},
+            layouts={role: p.layout for role, p in homes.items()},
+            mfc_placements={m.name: p for m in mfcs if (p := allocation.calls[m.name]) != homes[m.role]},
+            datasets=datasets,
+            tokenizer_path=tokenizer_path,
+            fileroot=common.fileroot,
+            seed=common.seed,
+            total_train_epochs=ctrl.total_train_epochs,
+            total_train_steps=ctrl.total_train_steps,
+            save_freq_steps=ctrl.save_freq_steps,
+            ckpt_freq_steps=ctrl.ckpt_freq_steps,
+            eval_freq_steps=ctrl.eval_freq_steps,
+            eval_datasets=list(eval_datasets or []),
+            resume=common.recover_mode == "resume",
+            import_modules=list(common.import_modules),
+            device=common.resolved_device(),
+            colocate=common.colocate,
+            torch_threads=common.torch_threads,
+            retain_freed_memory=common.retain_freed_memory,
+            **extra,
+        )
+    except ValueError as e:  # the runtime checks where models run: the allocation's doing
+        if "allocation" in str(e):
+            raise
+        raise ValueError(f"allocation_mode={common.allocation_mode!r}: {e}") from e
 
 
 def toy_mode(dataset_path: str) -> bool:

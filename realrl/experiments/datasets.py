@@ -7,6 +7,14 @@ import dataclasses
 from realrl.api.core.config import DatasetAbstraction
 
 
+def check_positive(config: object, *names: str) -> None:
+    """Sizes and lengths are >= 1 (``None`` where allowed means no limit)."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 @dataclasses.dataclass
 class PromptAnswerDatasetConfig:
     """SFT data: rows with a prompt and an answer (JSON, JSONL, Parquet, HF datasets folder)."""
@@ -18,6 +26,9 @@ class PromptAnswerDatasetConfig:
     max_seqlen: int = 1024
     train_bs_n_seqs: int = 64
     loss_on_prompt: bool = False  # seed 000 phase 1 puts the loss on every token
+
+    def __post_init__(self) -> None:
+        check_positive(self, "max_seqlen", "train_bs_n_seqs")
 
     def abstraction(self, path: str) -> DatasetAbstraction:
         return DatasetAbstraction(
@@ -46,6 +57,9 @@ class PairedComparisonDatasetConfig:
     max_pairs_per_prompt: int = 2
     train_bs_n_seqs: int = 64
 
+    def __post_init__(self) -> None:
+        check_positive(self, "max_seqlen", "max_pairs_per_prompt", "train_bs_n_seqs")
+
     def abstraction(self, path: str) -> DatasetAbstraction:
         return DatasetAbstraction(
             "rw_paired",
@@ -70,6 +84,9 @@ class PromptOnlyDatasetConfig:
     prompt_key: str = "prompt"
     max_prompt_len: int = 256
     train_bs_n_seqs: int = 64
+
+    def __post_init__(self) -> None:
+        check_positive(self, "max_prompt_len", "train_bs_n_seqs")
 
     def abstraction(self, path: str) -> DatasetAbstraction:
         return DatasetAbstraction(

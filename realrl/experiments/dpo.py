@@ -84,9 +84,12 @@ class DPOConfig(CommonExperimentConfig):
         ]
         models = {
             "actor": ModelSpec(
-                actor.model(False, tokenizer_path=tokenizer), actor.backend(trainable=True, key="actor")
+                actor.model(False, tokenizer_path=tokenizer, key="actor"),
+                actor.backend(trainable=True, key="actor"),
             ),
-            "ref": ModelSpec(ref.model(False, tokenizer_path=tokenizer), ref.backend(trainable=False)),
+            "ref": ModelSpec(
+                ref.model(False, tokenizer_path=tokenizer, key="ref"), ref.backend(trainable=False)
+            ),
         }
         valid = [self.dataset.abstraction(valid_path)] if valid_path else []
         return experiment_config(

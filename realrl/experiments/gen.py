@@ -59,7 +59,9 @@ class GenerationConfig(CommonExperimentConfig):
             self.model.mb_spec(),
         )
         specs = {
-            "default": ModelSpec(model.model(False, tokenizer_path=tokenizer), model.backend(trainable=False))
+            "default": ModelSpec(
+                model.model(False, tokenizer_path=tokenizer, key="model"), model.backend(trainable=False)
+            )
         }
         return experiment_config(self, [node], specs, [self.dataset.abstraction(prompts)], tokenizer)
 

@@ -13,7 +13,7 @@ from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, Mo
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
-from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
 from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, toy_mode
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
@@ -117,6 +117,12 @@ class PPOConfig(CommonExperimentConfig):
         "ppo.ppo_n_minibatches=4",
     ]
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("critic_head_init", self.critic_head_init, ("reward", "zeros"))
+        if self.toy_eval_prompts < 1:
+            raise ValueError(f"toy_eval_prompts must be >= 1, got {self.toy_eval_prompts}")
+
     def prerequisites(self) -> list[tuple[str, list[str]]]:
         if not toy_mode(self.dataset.path):
             return []
@@ -136,8 +142,10 @@ class PPOConfig(CommonExperimentConfig):
         iface = ModelInterfaceAbstraction(
             "paired_rw", {"normalize_on_first_inference": self.normalize_reward_on_first_batch}
         )
+        hint = "; or reward_fn=<registered name | module:function> for a reward function"
         return ModelSpec(
-            rew.model(is_critic=True, tokenizer_path=tokenizer), rew.backend(trainable=False)
+            rew.model(is_critic=True, tokenizer_path=tokenizer, key="rew", hint=hint),
+            rew.backend(trainable=False),
         ), iface
 
     def initial_setup(self) -> ExperimentConfig:
@@ -159,22 +167,26 @@ class PPOConfig(CommonExperimentConfig):
         ppo = {"ppo": dataclasses.asdict(self.ppo)}
         actor_iface = ModelInterfaceAbstraction(self._actor_interface(), ppo)
         critic_iface = ModelInterfaceAbstraction("ppo_critic", ppo)
-        reward_spec, reward_iface = self.reward_spec(tokenizer, rew_path)
         actor = dataclasses.replace(self.actor, path=actor_path)
         ref = dataclasses.replace(self.ref, path=ref_path)
         critic = dataclasses.replace(self.critic, path=critic_path)
         models = {
             "actor": ModelSpec(
-                actor.model(False, tokenizer_path=tokenizer),
+                actor.model(False, tokenizer_path=tokenizer, key="actor"),
                 actor.backend(trainable=True, key="actor"),
                 keep_gen_copy=actor.keep_gen_copy,
             ),
-            "ref": ModelSpec(ref.model(False, tokenizer_path=tokenizer), ref.backend(trainable=False)),
-            "reward": reward_spec,
+            "ref": ModelSpec(
+                ref.model(False, tokenizer_path=tokenizer, key="ref"), ref.backend(trainable=False)
+            ),
         }
+        # after the actor's: with no model path at all, the message names actor.path first
+        models["reward"], reward_iface = self.reward_spec(tokenizer, rew_path)
         if self.uses_critic:
             models["critic"] = ModelSpec(
-                critic.model(True, tokenizer_path=tokenizer, critic_head_init=self.critic_head_init),
+                critic.model(
+                    True, tokenizer_path=tokenizer, critic_head_init=self.critic_head_init, key="critic"
+                ),
                 critic.backend(trainable=True, key="critic"),
                 keep_gen_copy=critic.keep_gen_copy,
             )

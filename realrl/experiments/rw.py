@@ -49,7 +49,7 @@ class RWConfig(CommonExperimentConfig):
         model_cfg = dataclasses.replace(self.model, path=path)
         tokenizer = tokenizer or path
         model = ModelSpec(
-            model_cfg.model(is_critic=True, tokenizer_path=tokenizer),
+            model_cfg.model(is_critic=True, tokenizer_path=tokenizer, key="model"),
             model_cfg.backend(trainable=True, key="model"),
         )
         interface = ModelInterfaceAbstraction(

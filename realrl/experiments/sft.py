@@ -44,7 +44,9 @@ class SFTConfig(CommonExperimentConfig):
             tokenizer, default_model = toy.tokenizer, toy.model_config()
         tokenizer = tokenizer or self.model.path
         model = ModelSpec(
-            self.model.model(is_critic=False, default_config=default_model, tokenizer_path=tokenizer),
+            self.model.model(
+                is_critic=False, default_config=default_model, tokenizer_path=tokenizer, key="model"
+            ),
             self.model.backend(trainable=True, key="model"),
         )
         train = mfc(

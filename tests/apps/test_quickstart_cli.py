@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from realrl.api.core.dfg import build_graph
+from realrl.apps.errors import UserError
 from realrl.apps.quickstart import build_config, preset_overrides, standby_count, toy_overrides
 
 
@@ -27,24 +28,39 @@ def test_help_lists_experiments_and_groups():
     assert "groups: " in out.stdout and "actor" in out.stdout
 
 
+def assert_user_error(out, message):
+    """Exit status 2 and one ``error:`` line with ``message``: no traceback, no hydra wrapper."""
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr
+    for noise in ("Traceback", "Error executing job", "HYDRA_FULL_ERROR"):
+        assert noise not in out.stdout + out.stderr
+    assert [line for line in out.stderr.splitlines() if line.startswith("error: ")] != []
+
+
 def test_unknown_experiment():
-    out = cli("ppx")
-    assert out.returncode != 0 and "unknown experiment 'ppx'" in out.stderr
+    assert_user_error(cli("ppx"), "unknown experiment 'ppx'")
 
 
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("actor.optimzer.lr=1", "Key 'optimzer' not in 'ModelTrainEvalConfig'"),
-        ("seed=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+        (
+            "actor.optimzer.lr=1",
+            "Key 'optimzer' not in 'ModelTrainEvalConfig'; did you mean 'actor.optimizer'?",
+        ),
+        ("seed=abc", "seed=abc: Value 'abc' of type 'str' could not be converted to Integer"),
         ("mode=cluster", "mode='cluster' is not allowed; choose one of ['local', 'ray']"),
     ],
 )
 def test_cli_fails_before_any_worker_naming_the_key(override, message, tmp_path):
-    out = cli("ppo", f"fileroot={tmp_path}", override)
-    assert out.returncode != 0
-    assert message in out.stdout + out.stderr
+    assert_user_error(cli("ppo", f"fileroot={tmp_path}", override), message)
     assert not any(tmp_path.rglob("*.log"))  # no worker ever started
+
+
+def test_debug_true_adds_the_traceback(tmp_path):
+    out = cli("ppo", f"fileroot={tmp_path}", "seed=abc", "debug=true")
+    assert out.returncode == 2 and "Traceback" in out.stderr
+    assert out.stderr.rstrip().splitlines()[-1].startswith("error: seed=abc: ")
 
 
 @pytest.mark.parametrize(
@@ -55,7 +71,12 @@ def test_cli_fails_before_any_worker_naming_the_key(override, message, tmp_path)
         ("actor.optimizer.lr_scheduler_type=step", ValueError, "lr_scheduler_type must be one of"),
         ("recover_mode=sometimes", ValueError, "recover_mode='sometimes' is not allowed"),
         ("exp_ctrl.total_train_epochs=0", ValueError, "exp_ctrl.total_train_epochs must be >= 1"),
-        ("ppo_preset=nope", SystemExit, "ppo_preset='nope' is not a preset"),
+        ("ppo_preset=nope", UserError, "ppo_preset='nope' is not a preset"),
+        ("ppo.gen.n=0", UserError, "ppo.gen.n must be >= 1, got 0"),
+        ("actor.n_mbs=0", UserError, "actor.n_mbs must be >= 1, got 0"),
+        ("actor.optimizer.lr=nan", UserError, "actor.optimizer.lr=nan: not a number"),
+        ("seed=-1", UserError, "seed must be in [0, 2**63), got -1"),
+        ("dataset.train_bs_n_seqs=0", UserError, "dataset.train_bs_n_seqs must be >= 1, got 0"),
     ],
 )
 def test_config_errors_name_the_key(override, error, message):

@@ -66,6 +66,7 @@ class CommonExperimentConfig:
     import_modules: list[str] = dataclasses.field(default_factory=list)  # plugins: modules or .py files
     # key=value overrides for the phases a toy run builds on (e.g. ["exp_ctrl.total_train_steps=3"])
     prerequisite_overrides: list[str] = dataclasses.field(default_factory=list)
+    debug: bool = False  # the command line shows the traceback of a configuration or input error
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, RUN_MODES)
@@ -75,11 +76,16 @@ class CommonExperimentConfig:
             raise ValueError(f"torch_threads must be >= 1 or null, got {self.torch_threads}")
         if self.standby_workers is not None and self.standby_workers < 0:
             raise ValueError(f"standby_workers must be >= 0 or null, got {self.standby_workers}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.recover_retries < 0:
             raise ValueError(f"recover_retries must be >= 0, got {self.recover_retries}")
         for name in ("experiment_name", "trial_name"):
-            if "/" in getattr(self, name):
-                raise ValueError(f"{name} must not contain '/', got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if "/" in value or value in (".", ".."):
+                raise ValueError(f"{name} must be a folder name (no '/', not '.' or '..'), got {value!r}")
+        if not self.trial_name:
+            raise ValueError("trial_name must not be empty")
 
     @property
     def run_dir(self) -> str:

@@ -133,7 +133,10 @@ class SampleListDataset(torch.utils.data.Dataset):
         else:
             logger.info("%s (rank %d/%d): %d samples", name, util.dp_rank, util.world_size, len(self.samples))
         if not self.samples and self.n_rows:
-            raise DataError(f"{name}: every row of rank {util.dp_rank} was left out: {dict(self.dropped)}")
+            raise DataError(
+                f"{rows[0][1]}: {name}: every row of rank {util.dp_rank} was left out, this one first: "
+                f"{dict(self.dropped)}"
+            )
 
     @property
     def n_filtered(self) -> int:

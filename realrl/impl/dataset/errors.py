@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+MAX_TOKEN_ID = 2**63  # token ids are int64 tensors: a larger JSON integer is no id
+
 
 class DataError(ValueError):
     """Bad input data; the message says where (file, line or row) and what (field)."""
@@ -40,8 +42,8 @@ def check_token_ids(value: Any, name: str, where: str) -> list[int]:
     if not isinstance(value, (list, tuple)) or not value:
         raise DataError(f"{where}: field {name!r} must be a non-empty list of token ids, got {value!r:.60}")
     for j, x in enumerate(value):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < MAX_TOKEN_ID:
             raise DataError(
-                f"{where}: field {name!r}[{j}] must be a non-negative integer token id, got {x!r}"
+                f"{where}: field {name!r}[{j}] must be a non-negative integer token id, got {x!r:.60}"
             )
     return [int(x) for x in value]

@@ -12,6 +12,7 @@ Several pairs per prompt: the same fields holding equal-length lists of the abov
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from realrl.impl.dataset.errors import DataError, check_token_ids, get_field
@@ -126,7 +127,10 @@ def _text_pairs(tok: BatchTokenizer, row: dict, where: str, fields: PreferenceFi
         for c, r in pairs:
             check_messages(c, fields.chosen, where)
             check_messages(r, fields.rejected, where)
-            out.append((tokenize(tok, prefix + c), tokenize(tok, prefix + r)))
+            try:
+                out.append((tokenize(tok, prefix + c), tokenize(tok, prefix + r)))
+            except DataError as e:
+                raise DataError(f"{where}: fields {fields.chosen!r}/{fields.rejected!r}: {e}") from e
         return out
     texts = _pair_texts(chosen, rejected, prompt, tok.eos_token, where, fields)
     return [(tok(c), tok(r)) for c, r in texts]
@@ -153,14 +157,22 @@ def preference_pairs(
     return pairs if pairs is not None else _text_pairs(tok, row, where, fields)
 
 
+def _is_finite_number(x: Any) -> bool:
+    """A JSON number a float holds: not NaN or infinite, and no integer beyond float's range."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 def preference_margins(row: dict, where: str, fields: PreferenceFields, n_pairs: int) -> list[float]:
     """One margin per pair: a number (one pair) or a list of numbers (several pairs)."""
     m = get_field(row, fields.margin, (float, list), where)
     margins = m if isinstance(m, list) else [m]
-    if len(margins) != n_pairs or not all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) for x in margins
-    ):
+    if len(margins) != n_pairs or not all(_is_finite_number(x) for x in margins):
         raise DataError(
-            f"{where}: field {fields.margin!r} must hold {n_pairs} number(s), one per pair, got {m!r:.60}"
+            f"{where}: field {fields.margin!r} must hold {n_pairs} finite number(s), one per pair, got {m!r:.60}"
         )
     return [float(x) for x in margins]

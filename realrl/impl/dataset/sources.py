@@ -4,6 +4,7 @@ folders, remembering where each row came from so errors can name the file and li
 from __future__ import annotations
 
 import bisect
+import codecs
 import dataclasses
 import json
 import os
@@ -11,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from realrl.impl.dataset.errors import DataError
+
+DATA_SUFFIXES = (".json", ".jsonl", ".parquet")  # besides folders written by datasets' save_to_disk
 
 
 @dataclasses.dataclass
@@ -46,23 +49,46 @@ def _check_objects(rows: list[Any], seg: _Segment) -> None:
             raise DataError(f"{seg.label}: {seg.unit} {n}: expected a JSON object, got {type(r).__name__}")
 
 
+def _decode(raw: bytes, path: str, line: int) -> str:
+    """UTF-8 text; bytes that are not UTF-8 are an error naming the line and column."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        line += raw.count(b"\n", 0, e.start)
+        raise DataError(
+            f"{path}: line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column}); "
+            "save the file as UTF-8"
+        ) from None
+
+
+def _brief(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+
+
 def _read_jsonl(path: str) -> tuple[list[dict], list[int]]:
+    """One JSON value per line; blank lines are skipped, a UTF-8 BOM (what some Windows editors
+    write first) is dropped, as ``utf-8-sig`` does."""
     rows, numbers = [], []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            line = _decode(raw[3:] if n == 1 and raw.startswith(codecs.BOM_UTF8) else raw, path, n)
             if not line.strip():
                 continue
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}: line {n}: malformed JSON ({e.msg} at column {e.colno})") from e
+            except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, deep nesting
+                raise DataError(f"{path}: line {n}: cannot read the JSON ({_brief(e)})") from e
             numbers.append(n)
     return rows, numbers
 
 
 def _read_json(path: str) -> tuple[list[dict], list[int] | None]:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        raw = f.read()
+    text = _decode(raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw, path, 1)
     if not text.strip():
         raise DataError(f"{path}: empty file (no rows)")
     try:
@@ -71,6 +97,8 @@ def _read_json(path: str) -> tuple[list[dict], list[int] | None]:
         if e.msg == "Extra data":  # several top-level values: JSON lines in a .json file
             return _read_jsonl(path)
         raise DataError(f"{path}: line {e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+    except (ValueError, RecursionError) as e:
+        raise DataError(f"{path}: cannot read the JSON ({_brief(e)})") from e
     if isinstance(data, dict):
         return [data], None
     if not isinstance(data, list):
@@ -112,17 +140,17 @@ def _read_path(path: str, split: str | None) -> tuple[list[dict], _Segment]:
             raise DataError(f"{path}: not a folder written by datasets' save_to_disk: {e}") from e
         return _hf_rows(ds, path, split), _Segment(0, path, "row")
     ext = os.path.splitext(path)[1].lower()
+    if ext not in DATA_SUFFIXES:
+        raise DataError(
+            f"{path}: unsupported file type {ext!r} (use .json, .jsonl, .parquet or a save_to_disk folder)"
+        )
     if ext == ".jsonl":
         rows, numbers = _read_jsonl(path)
         return rows, _Segment(0, path, "line", numbers)
     if ext == ".json":
         rows, numbers = _read_json(path)
         return rows, _Segment(0, path, "line" if numbers else "row", numbers)
-    if ext == ".parquet":
-        return _read_parquet(path), _Segment(0, path, "row")
-    raise DataError(
-        f"{path}: unsupported file type {ext!r} (use .json, .jsonl, .parquet or a save_to_disk folder)"
-    )
+    return _read_parquet(path), _Segment(0, path, "row")
 
 
 def _plain(x: Any) -> Any:

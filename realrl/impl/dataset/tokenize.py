@@ -70,9 +70,12 @@ def tokenize(tok: BatchTokenizer, value: str | list[dict], add_generation_prompt
     tokenizer = tok.tokenizer
     if getattr(tokenizer, "chat_template", None) is None:
         raise DataError("conversational rows need a tokenizer with a chat template; this one has none")
-    out = tokenizer.apply_chat_template(
-        value, tokenize=True, return_dict=True, add_generation_prompt=add_generation_prompt
-    )
+    try:
+        out = tokenizer.apply_chat_template(
+            value, tokenize=True, return_dict=True, add_generation_prompt=add_generation_prompt
+        )
+    except Exception as e:  # noqa: BLE001 - a template raises what it likes (jinja's TemplateError, ...)
+        raise DataError(f"the chat template refused these messages: {type(e).__name__}: {e}") from e
     return list(out["input_ids"])
 
 
