@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -20,10 +23,12 @@ import types
 
 import psutil
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "system"))
+SYSTEM_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "system")
+sys.path.insert(0, SYSTEM_TESTS)
 
-from system_graphs import mock_config, wait_all_exited, worker_pids  # noqa: E402
+from system_graphs import mock_config, single_call_config, wait_all_exited, worker_pids  # noqa: E402
 
+from realrl.api.core.config import ModelInterfaceAbstraction  # noqa: E402
 from realrl.api.core.system_api import Timeouts  # noqa: E402
 from realrl.apps.main import ExperimentFailedError, run_experiment  # noqa: E402
 
@@ -84,6 +89,36 @@ def run_case(root: str, failpoint: str) -> tuple[float, str, bool]:
     return (failed - seen[0]) if seen else float("nan"), error, not left
 
 
+def signal_case(root: str, signum: signal.Signals, background: bool) -> tuple[float, int, bool]:
+    """Seconds from ``signum`` to the exit of ``python -m realrl.apps.main`` (started as a shell's
+    background job when ``background``: SIGINT arrives ignored), its exit code, no worker left."""
+    trial = f"{signum.name.lower()}{'-bg' if background else ''}"
+    slow = ModelInterfaceAbstraction("sys_test_slow", {"delay": 0.3})
+    cfg = single_call_config(root, trial, slow, steps=1000, n_samples=4000)
+    path = os.path.join(root, f"{trial}.pkl")
+    with open(path, "wb") as f:
+        pickle.dump(cfg, f)
+    cmd = [sys.executable, "-m", "realrl.apps.main", path]
+    env = {**os.environ, "PYTHONPATH": SYSTEM_TESTS}
+    if background:
+        shell = subprocess.Popen(
+            ["bash", "-c", " ".join(cmd) + " & wait $!"], env=env, stdout=subprocess.DEVNULL
+        )
+        while not (kids := psutil.Process(shell.pid).children()):
+            time.sleep(0.05)
+        target, proc = kids[0], shell
+    else:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        target = psutil.Process(proc.pid)
+    while not os.path.exists(os.path.join(cfg.run_dir, "stats.jsonl")):
+        time.sleep(0.1)
+    pids = worker_pids(cfg)
+    tik = time.monotonic()
+    target.send_signal(signum)
+    code = proc.wait(timeout=120)
+    return time.monotonic() - tik, code, not wait_all_exited(pids.values())
+
+
 def main() -> None:
     root = tempfile.mkdtemp(prefix="realrl-faults-")
     print(
@@ -94,6 +129,12 @@ def main() -> None:
     for failpoint in CASES:
         seconds, error, clean = run_case(root, failpoint)
         print(f"| `{failpoint}` | {seconds:.2f} | {'yes' if clean else 'NO'} | {error} |", flush=True)
+    print("\n| signal to the command line | seconds to its exit | exit code | no process left |")
+    print("|---|---|---|---|")
+    for signum, background in [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)]:
+        seconds, code, clean = signal_case(root, signum, background)
+        how = f"{signum.name}{' (started as `bash -c ... & wait`, SIGINT inherited ignored)' if background else ''}"
+        print(f"| {how} | {seconds:.2f} | {code} | {'yes' if clean else 'NO'} |", flush=True)
     print("command: python " + " ".join(sys.argv))
 
 

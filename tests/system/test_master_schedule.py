@@ -43,7 +43,7 @@ class InOrderWorker:
     def silent_workers(self, names, limit):
         return []
 
-    def post(self, worker: str, handler: str, data=None) -> asyncio.Future:
+    def post(self, worker: str, handler: str, data=None, what=None) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self.inbox.append((handler, data, fut))
         self.arrived.set()
