@@ -22,7 +22,7 @@ class BenchSpec:
 
     fileroot: str
     seed: int = 1
-    # (a) reward modeling: 64 pairs a step, max 64 tokens a sequence, constant LR (TOY_TASK.md RM LR)
+    # (a) reward modeling: 64 pairs a step, max 64 tokens a sequence, constant LR (the toy recipe's RM LR)
     rw_steps: int = 20
     rw_pairs: int = 64
     rw_lr: float = 5e-4

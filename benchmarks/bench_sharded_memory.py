@@ -19,7 +19,7 @@ rank, measured after a step's backward (when gradients and optimizer state coexi
   allocator rather than the sharding;
 - step: the median wall time of a training step after a warm-up.
 
-Target (from the issue that introduced FSDP): state with FSDP <= 0.55x of a replica at N = 2.
+Target (set when FSDP was added): state with FSDP <= 0.55x of a replica at N = 2.
 
     python benchmarks/bench_sharded_memory.py [--size small] [--n-ranks 2] [--steps 4] [--device cpu]
 """

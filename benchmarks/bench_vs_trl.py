@@ -1,5 +1,6 @@
-"""realrl vs TRL (issue 9, point 4) on the embedded toy task: (a) reward modeling, realrl ``rw``
-vs TRL ``RewardTrainer``; (b) GRPO, realrl ``grpo`` vs TRL ``GRPOTrainer``.
+"""realrl vs TRL on the embedded toy task (target: at least 2x TRL's throughput at equal or better
+reward): (a) reward modeling, realrl ``rw`` vs TRL ``RewardTrainer``; (b) GRPO, realrl ``grpo`` vs
+TRL ``GRPOTrainer``.
 
 Same toy files, same tokenizer, the SAME random initial weights (one ``ReaLModel`` written as an
 HF llama folder that both sides load), same batch sizes, lengths, optimiser (AdamW 0.9/0.95,

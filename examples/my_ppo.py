@@ -1,4 +1,4 @@
-"""Seed 003's "my-ppo" example: PPO whose reward node is a custom interface.
+"""The "my-ppo" example of ReaL's documentation: PPO whose reward node is a custom interface.
 
 A reward interface is registered with ``register_interface``; an experiment subclassing
 ``PPOConfig`` swaps the ``rew_inf`` call over to it (the reward model is no longer loaded: a
@@ -31,7 +31,8 @@ POSITIVE = {"good", "great", "happy", "joy", "love", "nice", "kind", "bright", "
 class SentimentScoringInterface(ModelInterface):
     """Scores decoded completions: +1 per positive word, -0.5 per word beyond ``max_words``.
 
-    In seed 003 this re-tokenizes the texts for a BERT-like classifier; any scorer fits here."""
+    In ReaL's documentation this re-tokenizes the texts for a BERT-like classifier; any scorer fits
+    here."""
 
     max_words: int = 12
 

@@ -1,4 +1,4 @@
-"""Seeding of python, numpy and torch (seed 002, general detail 6).
+"""Seeding of python, numpy and torch ("The N Implementation Details of RLHF with PPO", general detail 6).
 
 Each process gets ``seed + rank * 100003`` so that data-parallel workers sample different
 rollouts while the whole run stays reproducible for one seed.

@@ -25,7 +25,7 @@ class PromptAnswerDatasetConfig:
     answer_key: str = "answer"
     max_seqlen: int = 1024
     train_bs_n_seqs: int = 64
-    loss_on_prompt: bool = False  # seed 000 phase 1 puts the loss on every token
+    loss_on_prompt: bool = False  # DeepSpeed-Chat's phase 1 puts the loss on every token
 
     def __post_init__(self) -> None:
         check_positive(self, "max_seqlen", "train_bs_n_seqs")

@@ -1,4 +1,4 @@
-"""PPO (seed 002; names as in ReaL, DESIGN §3).
+"""PPO ("The N Implementation Details of RLHF with PPO"; call names as in ReaL, docs/algorithms.md).
 
 actor_gen -> {rew_inf, ref_inf, critic_inf} -> {actor_train, critic_train}. The reward node is the
 trained reward model, or any registered reward function / interface (``reward_fn=module:function``).
@@ -95,7 +95,7 @@ class PPOConfig(CommonExperimentConfig):
     # a registered reward function, "package.module:function" or "file.py:function"; replaces rew.*
     reward_fn: str | None = None
     reward_fn_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # scale the reward model's score to mean 0 / std 1 on the first (SFT-policy) batch (seed 002 RM detail 3)
+    # scale the reward model's score to mean 0 / std 1 on the first (SFT-policy) batch (RM detail 3)
     normalize_reward_on_first_batch: bool = True
     critic_head_init: str = "reward"  # reward | zeros: the head a critic gets when loaded from an LM
     toy_eval_prompts: int = 800  # held-out prompts the toy task's summary samples
@@ -162,7 +162,7 @@ class PPOConfig(CommonExperimentConfig):
         ref_path = ref_path or actor_path
         critic_path = (
             critic_path or rew_path or actor_path
-        )  # critic from the RM (TOY_TASK.md), else the actor
+        )  # critic from the RM (the toy recipe), else the actor
         tokenizer = tokenizer or actor_path
         ppo = {"ppo": dataclasses.asdict(self.ppo)}
         actor_iface = ModelInterfaceAbstraction(self._actor_interface(), ppo)
@@ -214,7 +214,7 @@ class PPOConfig(CommonExperimentConfig):
 
     def summarize(self) -> dict[str, Any]:
         """On the toy task: held-out true reward of the SFT and the trained policy, the final KL
-        to the reference and the reward model's pair accuracy (TOY_TASK.md's figures)."""
+        to the reference and the reward model's pair accuracy (the figures README.md reports)."""
         if not toy_mode(self.dataset.path):
             return {}
         from realrl.experiments.toy_eval import evaluate_policy, reward_model_accuracy

@@ -1,4 +1,5 @@
-"""Reward modeling (seed 000 phase 2, seed 001): a scalar-head model trained on preference pairs."""
+"""Reward modeling (DeepSpeed-Chat's phase 2, TRL's RewardTrainer): a scalar-head model trained on
+preference pairs."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class RWConfig(CommonExperimentConfig):
     ]
 
     def prerequisites(self) -> list[tuple[str, list[str]]]:
-        """Toy mode starts the reward model from the SFT model (TOY_TASK.md)."""
+        """Toy mode starts the reward model from the SFT model."""
         return [("sft", [])] if toy_mode(self.dataset.train_path) else []
 
     def initial_setup(self) -> ExperimentConfig:

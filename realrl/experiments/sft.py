@@ -1,4 +1,4 @@
-"""Supervised fine-tuning (seed 000 phase 1): one MFC, ``default`` trains on prompt + answer."""
+"""Supervised fine-tuning (DeepSpeed-Chat's phase 1): one MFC, ``default`` trains on prompt + answer."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class SFTConfig(CommonExperimentConfig):
     dataset: PromptAnswerDatasetConfig = dataclasses.field(default_factory=PromptAnswerDatasetConfig)
     tokenizer_path: str | None = None  # default: model.path
 
-    # applied before the user's overrides when no dataset path is given (TOY_TASK.md settings)
+    # applied before the user's overrides when no dataset path is given (the toy recipe's settings)
     TOY_PRESET: ClassVar[list[str]] = [
         "exp_ctrl.total_train_epochs=3",
         "model.optimizer.lr=3e-3",

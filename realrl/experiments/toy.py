@@ -1,8 +1,9 @@
 """The embedded default: where the toy task's data and prerequisite checkpoints live.
 
-With no dataset path, every experiment runs on the toy task (DESIGN §6). Its files are built
-once per seed under ``fileroot/toy_task/seed<seed>/`` and read through the same dataset,
-tokenizer and model code paths as a user's local files and HF checkpoints.
+With no dataset path, every experiment runs on the toy task (README.md, "What the main job
+does"). Its files are built once per seed under ``fileroot/toy_task/seed<seed>/`` and read
+through the same dataset, tokenizer and model code paths as a user's local files and HF
+checkpoints.
 """
 
 from __future__ import annotations

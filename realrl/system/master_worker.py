@@ -2,7 +2,7 @@
 
 One coroutine per MFC takes its batch from the buffer as soon as its input keys are ready; a
 loader coroutine fetches dataset batches (at most two steps live at once); a guard coroutine
-turns a dead or silent worker into an error naming it. Parameter-version rule (DESIGN §4): a
+turns a dead or silent worker into an error naming it. Parameter-version rule (docs/runtime.md): a
 non-training call of a model at step k waits until every training call of that model finished
 step k - 1, so the next ``actor_gen`` samples from the policy ``actor_train`` just updated.
 """

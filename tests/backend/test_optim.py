@@ -1,5 +1,5 @@
-"""AdamW update rules (seed 002 "PyTorch Adam optimizer numerical issues"), weight decay,
-LR schedules (seed 002 general detail 5) and config validation."""
+"""AdamW update rules ("The N Implementation Details of RLHF with PPO", "PyTorch Adam optimizer
+numerical issues"), weight decay, LR schedules (same post, general detail 5) and config validation."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_tf_and_pytorch_eps_follow_the_seed_formulas():
 
 
 def test_one_step_tf_eps_equals_pytorch_with_rescaled_eps():
-    """At step 1, TF(eps) is PyTorch(eps / sqrt(1 - b2)): exactly the rescaling of the seed."""
+    """At step 1, TF(eps) is PyTorch(eps / sqrt(1 - b2)): exactly the rescaling the post describes."""
     grads = grad_sequence(1)
     eps = 1e-3
     tf = run(AdamW, grads, lr=1e-2, betas=BETAS, eps=eps, tf_style_eps=True)

@@ -1,4 +1,4 @@
-"""Seed 000's phase formats (padded, for users of padded batches) and the packed ``dschat`` dataset."""
+"""DeepSpeed-Chat's phase formats (padded, for users of padded batches) and the packed ``dschat`` dataset."""
 
 import pytest
 import torch
@@ -34,7 +34,7 @@ def test_phase1_padded_with_labels(rm_static, tokenizer):
     assert out["attention_mask"].tolist() == [1] * n + [0] * (32 - n)
     assert out["labels"][:n].tolist() == ids and (out["labels"][n:] == -100).all()
     short = prepare_data(row, rm_static, 1, tokenizer, max_seq_len=4, eos_token=EOT)
-    assert short["input_ids"].tolist() == ids[:4]  # the seed truncates in phases 1 and 2
+    assert short["input_ids"].tolist() == ids[:4]  # DeepSpeed-Chat truncates in phases 1 and 2
 
 
 def test_phase2_and_reward_collator(rm_static, tokenizer):
@@ -99,7 +99,7 @@ def test_one_corpus_three_disjoint_phases(tmp_path, util, tokenizer):
         s1.data["packed_input_ids"].tolist()
         == tokenizer(raw.get_prompt_and_chosen(rows[i]) + EOT)["input_ids"]
     )
-    assert not s1.data["prompt_mask"].any()  # the seed's phase 1: loss on every token
+    assert not s1.data["prompt_mask"].any()  # DeepSpeed-Chat's phase 1: loss on every token
     s2 = ds[2][0]
     i = int(s2.ids[0].rsplit(":", 1)[1])
     ((c, r),) = pairs_of(s2)

@@ -1,4 +1,4 @@
-"""``rw_paired``: TRL's row formats (seed 001), [c1, r1, c2, r2, ...] packing, margins, filtering."""
+"""``rw_paired``: TRL's row formats (RewardTrainer), [c1, r1, c2, r2, ...] packing, margins, filtering."""
 
 import pytest
 import torch

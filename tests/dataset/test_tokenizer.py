@@ -1,4 +1,5 @@
-"""load_hf_tokenizer: local folders only, pad handling per seed 002 general detail 2."""
+"""load_hf_tokenizer: local folders only, pad handling per "The N Implementation Details of RLHF with PPO",
+general detail 2."""
 
 import pytest
 from dataset_tokenizer import EOS, PAD, build_tokenizer

@@ -1,5 +1,6 @@
-"""Parity with TRL 1.16 (seed 001): the same examples through TRL and through realrl give the same
-tensors (collator) and the same token ids and kept rows (dataset preparation)."""
+"""Parity with TRL 1.16's reward-model data pipeline: the same examples through TRL and through
+realrl give the same tensors (collator) and the same token ids and kept rows (dataset
+preparation)."""
 
 import tempfile
 import warnings

@@ -37,7 +37,7 @@ def test_sft_loss_equals_cross_entropy_on_masked_targets():
 
 
 def trl_reward_loss(chosen, rejected, margin=None, center=None):
-    """TRL 1.16 RewardTrainer.compute_loss, written out (ANCHORS):
+    """TRL 1.16 RewardTrainer.compute_loss, written out:
     -logsigmoid(r_c - r_r - margin).mean() + center * mean((r_c + r_r)^2)."""
     if margin is not None:
         loss = -tF.logsigmoid(chosen - rejected - margin).mean()

@@ -1,4 +1,5 @@
-"""PPO / GRPO math against hand-computed numbers and a padded reference (seed 002)."""
+"""PPO / GRPO math against hand-computed numbers and a padded reference
+("The N Implementation Details of RLHF with PPO")."""
 
 import math
 
@@ -8,13 +9,13 @@ import torch
 from realrl.impl.model.utils import ppo_functional as F
 
 
-def test_whiten_reproduces_the_seeds_printed_tensor():
+def test_whiten_reproduces_the_posts_printed_tensor():
     rewards = torch.tensor([[1.2, 1.3, 1.4], [1.5, 1.6, 1.7], [1.8, 1.9, 2.0]], dtype=torch.float64)
     expected = torch.tensor(
         [[0.0508, 0.4381, 0.8254], [1.2127, 1.6000, 1.9873], [2.3746, 2.7619, 3.1492]], dtype=torch.float64
     )
     torch.testing.assert_close(F.whiten(rewards, shift_mean=False), expected, atol=1e-4, rtol=0)
-    # the unbiased (torch default) variance would give the seed's *other* tensor: 0.1394 first
+    # the unbiased (torch default) variance would give the post's *other* tensor: 0.1394 first
     assert abs(float(F.whiten(rewards, shift_mean=False)[0, 0]) - 0.1394) > 0.05
 
 
@@ -53,7 +54,7 @@ def test_kl_estimators_by_hand():
 
 
 def test_kl_rewards_add_the_score_at_the_last_token():
-    # seed 002 PPO detail "per-token KL penalty": log pi - log pi_ref = [-0.3315, -0.0426, 0.6351]
+    # PPO detail "per-token KL penalty": log pi - log pi_ref = [-0.3315, -0.0426, 0.6351]
     # on the response, score 0.4 at the last token; non_score_reward = -beta * kl (train_policy.py)
     beta = 0.15
     cu = torch.tensor([0, 4, 6], dtype=torch.int32)  # seq 0: 1 prompt + 3 response; seq 1: 2 tokens

@@ -59,8 +59,9 @@ def test_generate_outputs_the_rollout_keys_with_consistent_logprobs(tokenizer):
     lens = out.flat_seqlens("packed_input_ids")
     assert out.flat_seqlens("packed_logprobs") == [n - 1 for n in lens]
     assert out.data["prompt_mask"].sum() == sum(len(p.split()) for p in PROMPTS)
-    # seed 002 PPO detail 1: training recomputes log-probs at the sampling temperature, so the
-    # first minibatch's importance ratio is exactly 1 (ANCHORS user complaint 3)
+    # "The N Implementation Details of RLHF with PPO", policy detail 1: training recomputes log-probs
+    # at the sampling temperature, so the first minibatch's importance ratio is exactly 1 (a ratio
+    # != 1 there is a frequent complaint in the issue trackers of RLHF libraries)
     ref = a.inference(actor, out).data["packed_ref_logprobs"]
     mask = F.response_loss_mask(out.data["prompt_mask"], out.cu_seqlens("packed_input_ids"))
     torch.testing.assert_close(ref[mask], out.data["packed_logprobs"][mask], atol=1e-4, rtol=0)
@@ -301,8 +302,8 @@ def test_early_stop_zeroes_the_update(tokenizer, stop):
 
 
 def test_one_minibatch_whitening_scopes_agree(tokenizer):
-    """Seed 002 PPO detail 9's optimisation note: with one minibatch, whitening per minibatch and
-    once per batch give the same update."""
+    """The optimisation note of PPO detail 9 in "The N Implementation Details of RLHF with PPO": with
+    one minibatch, whitening per minibatch and once per batch give the same update."""
     params = []
     for scope in ("batch", "minibatch"):
         actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True)

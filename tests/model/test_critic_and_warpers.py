@@ -1,4 +1,5 @@
-"""Critic heads (seed 002 init, exact round trip), logits warpers, and packing isolation."""
+"""Critic heads (the reward-head init of "The N Implementation Details of RLHF with PPO", exact round trip),
+logits warpers, and packing isolation."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def test_critic_from_lm_checkpoint_and_round_trip(tmp_path):
     d = critic.config.hidden_dim
     w = critic.head.weight
     assert w.shape == (1, d) and torch.all(critic.head.bias == 0)
-    # seed 002: N(0, 1/sqrt(d_model + 1)); d = 64 samples, so the std is within loose bounds
+    # N(0, 1/sqrt(d_model + 1)) as in the N Implementation Details post; d = 64 samples, so the std
+    # is within loose bounds
     assert 0.5 / math.sqrt(d + 1) < w.std().item() < 1.5 / math.sqrt(d + 1)
     ids, cu = packed([4, 7, 2])
     with torch.no_grad():

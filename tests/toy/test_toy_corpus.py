@@ -68,7 +68,8 @@ def test_preference_labels_follow_the_hidden_reward(tmp_path):
     build_toy_task(str(tmp_path / "t"), small())
     rows = read(toy_paths(str(tmp_path / "t"))["rm_train"])
     assert rows and all(true_reward(r["chosen"]) > true_reward(r["rejected"]) for r in rows)
-    # some continuations lack the final period, so the RM sees the penalty (TOY_TASK pitfall)
+    # some continuations lack the final period, so the RM sees the penalty (otherwise it is a blind
+    # spot of the RM)
     assert any(not r["rejected"].endswith(" .") for r in rows)
     sft = read(toy_paths(str(tmp_path / "t"))["sft_train"])
     assert all(r["prompt"].endswith(" |") and r["answer"].endswith(" .") for r in sft)

@@ -4,7 +4,7 @@ A ``SequenceSample`` holds ``bs`` samples. For each key, ``data[key]`` is one te
 dimension packs every sequence of every sample back to back, and ``seqlens[key][i]`` lists the
 lengths of the sequences of sample ``i`` under that key (a reward pair has two, a prompt with K
 answers has K). How long a key is relative to its sample's tokens is declared in the ``KeySpec``
-registry, never hard-coded (DESIGN §2).
+registry, never hard-coded (the key contract: docs/datasets.md).
 """
 
 from __future__ import annotations
@@ -495,7 +495,8 @@ def load_hf_tokenizer(
 ):
     """Load a local Hugging Face tokenizer (never from a hub at run time).
 
-    Pad-token handling follows seed 002 general detail 2: realrl's batches are packed, so the
+    Pad-token handling follows "The N Implementation Details of RLHF with PPO" (general detail 2,
+    "Pad with a special padding token"): realrl's batches are packed, so the
     pad token is only used by padded collators. With ``distinct_pad_token=True`` a tokenizer whose
     pad is missing or equal to EOS gets a new special token ``pad_token`` (the caller must resize
     the embeddings to ``len(tokenizer)``), so padding can never be mistaken for a real EOS when a

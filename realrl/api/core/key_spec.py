@@ -1,7 +1,7 @@
 """Length rules of SequenceSample keys: per token, per token minus one, or per sequence.
 
-Declared here once (DESIGN §2) instead of hard-coded tables; plugins add their own keys with
-``register_key_spec``. Re-exported by ``realrl.api.core.data_api``.
+Declared here once (the key contract: docs/datasets.md) instead of hard-coded tables; plugins add
+their own keys with ``register_key_spec``. Re-exported by ``realrl.api.core.data_api``.
 """
 
 from __future__ import annotations

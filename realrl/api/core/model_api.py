@@ -1,7 +1,8 @@
 """Models, interfaces, backends and the registries that make them pluggable.
 
-An interface receives the model it runs on (dependency injection, seed 003): the model knows
-nothing of PPO, and PPO knows nothing of how the model is sharded or stepped.
+An interface receives the model it runs on (dependency injection, as in ReaL's documentation on
+customizing interfaces): the model knows nothing of PPO, and PPO knows nothing of how the model
+is sharded or stepped.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class ReaLModelConfig:
 
 @dataclasses.dataclass
 class GenerationHyperparameters:
-    """Sampling settings (seed 002 general detail 4 and policy detail 1)."""
+    """Sampling settings ("The N Implementation Details of RLHF with PPO", general detail 4 and
+    policy detail 1)."""
 
     n: int = 1  # answers per prompt (GRPO groups)
     max_new_tokens: int = 256
@@ -282,7 +284,8 @@ def registered_reward_fns() -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class HFFamily:
-    """How one Hugging Face architecture converts to and from ReaLModel (seed 003).
+    """How one Hugging Face architecture converts to and from ReaLModel (as in ReaL's documentation
+    on customizing models).
 
     The state-dict converters must accept any subset of parameters so that a shard of a model
     can be loaded alone.

@@ -1,4 +1,4 @@
-"""What a run is made of, and what the launcher hands to each worker (DESIGN §4).
+"""What a run is made of, and what the launcher hands to each worker (docs/runtime.md).
 
 ``ExperimentConfig`` is the whole run: the MFC graph, how to build each model role, which model
 workers hold each role (one worker per data-parallel rank), the datasets, how long to train and

@@ -1,8 +1,9 @@
 """Padded batches for users who want them (realrl itself trains on packed batches).
 
-``DataCollatorForPreference`` gives TRL's outputs (seed 001): ``input_ids`` and ``attention_mask``
-of shape (2N, L), the N chosen rows then the N rejected rows, right-padded, L rounded up to
-``pad_to_multiple_of``; ``margin`` (N,) float when the first example has one. Nothing is truncated.
+``DataCollatorForPreference`` gives the outputs of TRL's collator of that name: ``input_ids`` and
+``attention_mask`` of shape (2N, L), the N chosen rows then the N rejected rows, right-padded, L
+rounded up to ``pad_to_multiple_of``; ``margin`` (N,) float when the first example has one.
+Nothing is truncated.
 """
 
 from __future__ import annotations

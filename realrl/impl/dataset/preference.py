@@ -1,4 +1,4 @@
-"""Preference rows -> (chosen ids, rejected ids) pairs, following TRL's ``_prepare_dataset`` (seed 001).
+"""Preference rows -> (chosen ids, rejected ids) pairs, following TRL's ``RewardTrainer._prepare_dataset``.
 
 A row is one of:
 - pre-tokenized: ``chosen_ids``/``rejected_ids`` (or the older ``chosen_input_ids``/

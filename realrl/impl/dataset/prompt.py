@@ -1,4 +1,4 @@
-"""``prompt``: prompts only, for PPO / GRPO generation (seed 000, phase 3)."""
+"""``prompt``: prompts only, for PPO / GRPO generation (DeepSpeed-Chat's phase 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``prompt_answer``: supervised fine-tuning data, prompt + answer + EOS (seed 000, phase 1)."""
+"""``prompt_answer``: supervised fine-tuning data, prompt + answer + EOS (DeepSpeed-Chat's phase 1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``rw_paired``: reward-modeling pairs packed as [c1, r1, c2, r2, ...] (seeds 000 phase 2, 001)."""
+"""``rw_paired``: reward-modeling pairs packed as [c1, r1, c2, r2, ...] (DeepSpeed-Chat's phase 2;
+TRL's row formats)."""
 
 from __future__ import annotations
 

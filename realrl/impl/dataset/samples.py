@@ -1,4 +1,4 @@
-"""One-sample ``SequenceSample`` builders shared by every dataset (key contract: DESIGN §2)."""
+"""One-sample ``SequenceSample`` builders shared by every dataset (key contract: docs/datasets.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def sft_sample(
     metadata: dict[str, Any] | None = None,
 ) -> SequenceSample:
     """``packed_input_ids`` = prompt + answer; ``prompt_mask`` is 1 on the prompt, or all 0 when the
-    loss covers every token (the seed's phase 1)."""
+    loss covers every token (DeepSpeed-Chat's phase 1)."""
     ids = list(prompt_ids) + list(answer_ids)
     n_prompt = 0 if loss_on_prompt else len(prompt_ids)
     mask = torch.from_numpy(np.arange(len(ids)) < n_prompt)

@@ -1,4 +1,4 @@
-"""Registered interfaces (seed 003): what an MFC runs on the model it is given.
+"""Registered interfaces, as in ReaL: what an MFC runs on the model it is given.
 
 sft, paired_rw, dpo, ppo_actor, grpo_actor, ppo_critic, generation, reward_fn; and the reward
 function ``word_sentiment``.

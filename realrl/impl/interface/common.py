@@ -67,7 +67,8 @@ def packed_logprobs(
     logits: torch.Tensor, mb: SequenceSample, temperature: float = 1.0, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``packed_logprobs`` alignment [T - B] from a micro-batch's logits, divided by
-    ``temperature`` (seed 002 PPO detail "scale the logits by sampling temperature").
+    ``temperature`` ("The N Implementation Details of RLHF with PPO", policy detail 1, "Scale the
+    logits by sampling temperature").
 
     With ``mask`` [T - B], ``logits`` are those of the forward at ``logprob_index(mask)`` only,
     and the entries outside the mask are 0: a loss that reads only masked entries loses nothing.

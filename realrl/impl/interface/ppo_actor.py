@@ -1,6 +1,6 @@
 """``ppo_actor`` (and ``grpo_actor``): the policy's generate, reference inference and PPO update.
 
-One interface serves three MFCs (DESIGN §3): ``actor_gen`` (``generate``), ``ref_inf``
+One interface serves three MFCs (docs/algorithms.md): ``actor_gen`` (``generate``), ``ref_inf``
 (``inference`` on the frozen reference -> ``packed_ref_logprobs``) and ``actor_train``
 (``train_step``). Options: ``PPOHyperparameters`` (``ppo_config.py``), chosen by ``preset``
 ("real", "lm_human_preferences", "grpo") and overridden field by field through ``ppo``.
@@ -98,8 +98,9 @@ class PPOActorInterface(ModelInterface):
         ).float()
 
     def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
-        """``packed_ref_logprobs`` (temperature-scaled like the actor's, seed 002 PPO detail 1) of
-        the answer tokens; 0 at prompt targets, where no loss or KL penalty reads them."""
+        """``packed_ref_logprobs`` of the answer tokens, temperature-scaled like the actor's
+        ("The N Implementation Details of RLHF with PPO", policy detail 1); 0 at prompt targets, where
+        no loss or KL penalty reads them."""
         require_keys(data, (INPUT_KEY,), "ppo_actor.inference")
         logp = self._logprobs(model, data, mb_spec or MicroBatchSpec())
         return token_minus_one_sample(data, "packed_ref_logprobs", logp)

@@ -1,6 +1,6 @@
 """Every PPO / GRPO option in one dataclass, with ReaL's defaults and named presets.
 
-Seed 002 details map to fields (by the seed's headings):
+Items of "The N Implementation Details of RLHF with PPO" map to fields (by its numbered lists):
   general 4  "fixed-length response"          gen.fixed_length, gen.min_new_tokens = gen.max_new_tokens
   PPO 1      "scale logits by temperature"    temperature_scale_logprobs (gen.temperature)
   PPO 5      "rejection sampling"             truncate_token, truncate_after, truncate_penalty
@@ -11,7 +11,7 @@ Seed 002 details map to fields (by the seed's headings):
                                               whiten_scope ("minibatch" as OpenAI, "batch" as ReaL)
   PPO 10     "clipped value function"         value_eps_clip
   PPO 11     "adaptive KL"                    adaptive_kl_ctl, adaptive_kl_target, adaptive_kl_horizon
-and beyond the seed: missing_eos_penalty (TRL), mask_no_eos_with_zero, max_reward_clip,
+and beyond that post: missing_eos_penalty (TRL), mask_no_eos_with_zero, max_reward_clip,
 reward_output_scaling / _bias, value_norm, early_stop_imp_ratio / early_stop_kl (ReaL), and GRPO
 (adv_estimator="grpo", kl_loss_coef).
 """
@@ -25,7 +25,7 @@ from realrl.api.core.model_api import GenerationHyperparameters
 
 
 def real_generation_defaults() -> GenerationHyperparameters:
-    """ReaL's PPO sampling defaults (ANCHORS): top_p 0.9, top_k 200, temperature 1."""
+    """ReaL's PPO sampling defaults: top_p 0.9, top_k 200, temperature 1."""
     return GenerationHyperparameters(max_new_tokens=256, top_p=0.9, top_k=200, temperature=1.0)
 
 
@@ -34,7 +34,7 @@ class PPOHyperparameters:
     gen: GenerationHyperparameters = dataclasses.field(default_factory=real_generation_defaults)
     temperature_scale_logprobs: bool = True
 
-    # rejection sampling (seed 002 PPO detail 5): truncate at the first truncate_token at response
+    # rejection sampling (PPO detail 5): truncate at the first truncate_token at response
     # position >= truncate_after; a response without one gets score = truncate_penalty
     truncate_token: Any = None  # a token id or its text (hydra has no int | str union)
     truncate_after: int = 0
@@ -118,12 +118,12 @@ class PPOHyperparameters:
 
 
 def lm_human_preferences_preset() -> dict[str, Any]:
-    """OpenAI lm-human-preferences (stylistic tasks) as reproduced in seed 002: 24 sampled tokens
-    at temperature 0.7 without stopping at EOS, truncation at "." after token 16 with reward -1
-    otherwise, adaptive KL from 0.15 (target 6, horizon 10000), gamma 1, lambda 0.95, rewards
-    whitened without and advantages with the mean shift per minibatch, 4 epochs of 1 minibatch,
-    no reward clipping, no value normalisation, no early stopping, no bootstrapping (the episode
-    ends at the fixed length)."""
+    """OpenAI lm-human-preferences (stylistic tasks) as reproduced in "The N Implementation Details
+    of RLHF with PPO": 24 sampled tokens at temperature 0.7 without stopping at EOS, truncation at
+    "." after token 16 with reward -1 otherwise, adaptive KL from 0.15 (target 6, horizon 10000),
+    gamma 1, lambda 0.95, rewards whitened without and advantages with the mean shift per
+    minibatch, 4 epochs of 1 minibatch, no reward clipping, no value normalisation, no early
+    stopping, no bootstrapping (the episode ends at the fixed length)."""
     return dict(
         gen=GenerationHyperparameters(
             max_new_tokens=24, min_new_tokens=24, fixed_length=True, temperature=0.7, top_k=0, top_p=1.0

@@ -1,11 +1,12 @@
 """``ppo_critic``: the value model's inference (``values``) and clipped value update.
 
-The critic reads query + response (seed 002 general detail 1) and computes its returns with the
-same ``prepare_advantages`` as the actor, from the same options (pass it the same ``ppo`` and
-``preset``). ``values`` are the head's raw outputs; with ``value_norm`` they are in normalised
-units, and both train steps (actor and critic) de-normalise them with the running moments of the
-returns that each keeps (``ppo_state.PPOTrainState``), as ReaL does. The value after a sequence's
-last token is only read when the sequence was cut by the length limit (bootstrapping).
+The critic reads query + response ("The N Implementation Details of RLHF with PPO", general
+detail 1) and computes its returns with the same ``prepare_advantages`` as the actor, from the
+same options (pass it the same ``ppo`` and ``preset``). ``values`` are the head's raw outputs;
+with ``value_norm`` they are in normalised units, and both train steps (actor and critic)
+de-normalise them with the running moments of the returns that each keeps
+(``ppo_state.PPOTrainState``), as ReaL does. The value after a sequence's last token is only read
+when the sequence was cut by the length limit (bootstrapping).
 """
 
 from __future__ import annotations

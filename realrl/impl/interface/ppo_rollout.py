@@ -1,10 +1,11 @@
 """From generation to advantages: the data side of PPO / GRPO shared by actor and critic.
 
 ``rollout_sample`` turns a ``GenerationOutput`` into the rollout keys (after the optional
-truncation of seed 002 PPO detail 5); ``shape_scores`` turns ``rewards`` into the score PPO
-optimises; ``prepare_advantages`` adds ``kl_rewards``, ``advantages``, ``returns`` and
-``ppo_loss_mask`` to a batch or a minibatch (both interfaces call it the same way, so the actor's
-advantages and the critic's returns agree).
+truncation of "The N Implementation Details of RLHF with PPO", PPO detail 5; "PPO detail N"
+below is item N of its "Policy Training Implementation Details"); ``shape_scores`` turns
+``rewards`` into the score PPO optimises; ``prepare_advantages`` adds ``kl_rewards``,
+``advantages``, ``returns`` and ``ppo_loss_mask`` to a batch or a minibatch (both interfaces call
+it the same way, so the actor's advantages and the critic's returns agree).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def resolve_token_id(tokenizer: Any, token: int | str | None, what: str) -> int 
 
 
 def truncate_generation(gen: GenerationOutput, token_id: int, after: int) -> GenerationOutput:
-    """Seed 002 PPO detail 5 "token truncation": cut each response just after the first
+    """PPO detail 5, "token truncation": cut each response just after the first
     ``token_id`` at response position >= ``after``; a cut response counts as ended (no_eos 0)."""
     seqs, lps, lens, no_eos = [], [], [], gen.no_eos.clone()
     off_t = off_l = 0
@@ -155,7 +156,7 @@ def prepare_advantages(
         kl_coef, old_logp, ref_logp, score.to(old_logp.device), cu, loss_mask, hp.kl_estimator
     )
     if hp.adv_estimator == "gae":
-        if hp.reward_whiten:  # seed 002 PPO detail 9: rewards whitened WITHOUT the mean shift
+        if hp.reward_whiten:  # PPO detail 9: rewards whitened WITHOUT the mean shift
             rewards = F.whiten(rewards, shift_mean=False, mask=loss_mask)
         values = data.data["values"].float().to(old_logp.device)
         bootstrap = (
@@ -171,7 +172,7 @@ def prepare_advantages(
         advantages = torch.repeat_interleave(per_seq, lens)
         returns = torch.zeros_like(advantages)
     advantages = advantages * loss_mask
-    if hp.adv_norm:  # seed 002 PPO detail 9: advantages whitened WITH the mean shift
+    if hp.adv_norm:  # PPO detail 9: advantages whitened WITH the mean shift
         advantages = F.whiten(advantages, shift_mean=True, mask=loss_mask)
 
     out = data.select(sorted(data.keys))
@@ -195,7 +196,7 @@ def prepare_advantages(
 def shuffled_minibatches(
     samples: list[SequenceSample], n_minibatches: int, generator: torch.Generator
 ) -> list[SequenceSample]:
-    """Seed 002 PPO detail 7: a fresh permutation of the samples (``batch.unpack()``, unpacked
+    """PPO detail 7: a fresh permutation of the samples (``batch.unpack()``, unpacked
     once for all epochs), cut into ``n_minibatches`` near-equal groups (a GRPO group is one
     sample, so it is never split)."""
     perm = torch.randperm(len(samples), generator=generator).tolist()

@@ -56,7 +56,8 @@ class PPOTrainState:
         return data, full, stats
 
     def end_step(self, full: SequenceSample) -> dict[str, float]:
-        """Seed 002 PPO detail 11: the adaptive KL controller sees the batch's mean KL per sequence."""
+        """Adaptive KL ("The N Implementation Details of RLHF with PPO", PPO detail 11): the
+        controller sees the batch's mean KL per sequence."""
         mean_kl, n_seqs = rollout_kl(full)
         self.kl_ctl.update(mean_kl, n_seqs)
         return {"ref_kl": mean_kl, "kl_coef_next": float(self.kl_ctl.value)}
@@ -72,12 +73,12 @@ class PPOTrainState:
         token_normalize_scope: str,
         output_index_fn: Callable[[SequenceSample], torch.Tensor] | None = None,
     ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-        """Seed 002 PPO detail 7: ``ppo_n_epochs`` passes, each over a fresh shuffle cut into
-        ``ppo_n_minibatches`` minibatches, one optimizer step per minibatch. With
-        ``whiten_scope="minibatch"`` advantages (and whitened rewards) are recomputed per
-        minibatch (seed 002 PPO detail 9). The shuffle seed follows the model version, so the
-        actor and the critic cut the same minibatches. ``output_index_fn``: the tokens the loss
-        reads (see the train engine)."""
+        """Batches and minibatches ("The N Implementation Details of RLHF with PPO", PPO detail 7):
+        ``ppo_n_epochs`` passes, each over a fresh shuffle cut into ``ppo_n_minibatches``
+        minibatches, one optimizer step per minibatch. With ``whiten_scope="minibatch"`` advantages
+        (and whitened rewards) are recomputed per minibatch (PPO detail 9). The shuffle seed
+        follows the model version, so the actor and the critic cut the same minibatches.
+        ``output_index_fn``: the tokens the loss reads (see the train engine)."""
         hp = self.hp
         source = full if hp.whiten_scope == "batch" else data
         generator = torch.Generator().manual_seed(hp.shuffle_seed * 1_000_003 + model.version.global_step)

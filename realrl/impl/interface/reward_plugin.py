@@ -1,4 +1,4 @@
-"""``reward_fn``: any Python function as the reward node (seed 003's custom reward, made simple).
+"""``reward_fn``: any Python function as the reward node (ReaL's custom reward, made simple).
 
 ``fn(prompts: list[str], completions: list[str], **metadata) -> list[float]`` is named by a
 ``register_reward_fn`` name, ``package.module:function`` or ``path/to/file.py:function``, and is

@@ -1,7 +1,7 @@
 """``word_sentiment``: a configurable rule-based reward (the toy task's hidden true reward).
 
 score = (# positive words) - (# negative words) in the completion, plus ``missing_end_penalty``
-when the completion does not end with ``end_token`` (TOY_TASK: -2 without the final '.').
+when the completion does not end with ``end_token`` (the toy task: -2 without the final '.').
 """
 
 from __future__ import annotations

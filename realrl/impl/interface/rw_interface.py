@@ -1,11 +1,13 @@
-"""``paired_rw``: a Bradley–Terry reward model over [c1, r1, c2, r2, ...] pairs (seeds 001, 002).
+"""``paired_rw``: a Bradley–Terry reward model over [c1, r1, c2, r2, ...] pairs (TRL's
+``RewardTrainer`` loss).
 
-Seed 002 RM detail 1: the reward of a sequence is the scalar head's output at its last token
-(``reward_position="last"``), or, as in summarize-from-feedback, at the token before a final EOS
-(``"before_eos"``). RM detail 3: ``reward = raw * gain + bias`` with gain and bias fitted so the
-rewards of (x ~ D, y ~ policy) have mean 0 and std 1 (``fit_normalization``, or on the first
-inference call with ``normalize_on_first_inference``), used in the loss and in inference, and
-saved with the checkpoint as ``reward_normalization.json``.
+"The N Implementation Details of RLHF with PPO", RM detail 1: the reward of a sequence is the
+scalar head's output at its last token (``reward_position="last"``), or, as in
+summarize-from-feedback, at the token before a final EOS (``"before_eos"``). RM detail 3: ``reward
+= raw * gain + bias`` with gain and bias fitted so the rewards of (x ~ D, y ~ policy) have mean 0
+and std 1 (``fit_normalization``, or on the first inference call with
+``normalize_on_first_inference``), used in the loss and in inference, and saved with the
+checkpoint as ``reward_normalization.json``.
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ class PairedRewardInterface(ModelInterface):
     def fit_normalization(
         self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None
     ) -> tuple[float, float]:
-        """Seed 002 RM detail 3: from rewards of policy samples, g = sigma_T / sigma_D and
+        """RM detail 3: from rewards of policy samples, g = sigma_T / sigma_D and
         b = mu_T - g * mu_D (computed with gain 1, bias 0); sets and returns (gain, bias).
 
         With data parallelism the moments are those of the whole batch (summed over the dp
@@ -185,8 +187,8 @@ class PairedRewardInterface(ModelInterface):
         return self.gain, self.bias
 
     def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
-        """``rewards``: one score per sequence of ``packed_input_ids`` (query + response, seed 002
-        general detail 1)."""
+        """``rewards``: one score per sequence of ``packed_input_ids`` (query + response, general
+        detail 1 of the same post)."""
         require_keys(data, (INPUT_KEY,), "paired_rw.inference")
         if self.normalize_on_first_inference and not self._normalized_once:
             self.fit_normalization(model, data, mb_spec)

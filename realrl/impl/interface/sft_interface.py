@@ -1,4 +1,4 @@
-"""``sft``: next-token training on prompt + answer (seed 000 phase 1).
+"""``sft``: next-token training on prompt + answer (DeepSpeed-Chat's phase 1).
 
 The loss covers answer tokens (``prompt_mask`` from the ``prompt_answer`` dataset masks the
 prompt) or every token when the dataset was built with ``loss_on_prompt`` (its mask is all 0).

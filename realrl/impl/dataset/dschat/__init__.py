@@ -1,4 +1,4 @@
-"""DeepSpeed-Chat's data preparation (seed 000): source adapters, phase split, blending, phase formats."""
+"""DeepSpeed-Chat's RLHF data preparation: source adapters, phase split, blending, phase formats."""
 
 from realrl.impl.dataset.dschat import dataset  # noqa: F401  (registers "dschat")
 from realrl.impl.dataset.dschat.adapters import adapter_names, get_raw_dataset

@@ -1,4 +1,5 @@
-"""``PromptRawDataset``: one accessor API over many preference / instruction sources (seed 000).
+"""``PromptRawDataset``: one accessor API over many preference / instruction sources (as in
+DeepSpeed-Chat's ``raw_datasets.py``).
 
 Each adapter reads a local copy of its source in that source's own schema (nothing is fetched at
 run time) and formats it DeepSpeed-Chat's way: prompt " Human: ... Assistant:", responses " ...".

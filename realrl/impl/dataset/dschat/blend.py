@@ -1,4 +1,4 @@
-"""Blending several sources by weight into one deterministic order (seed 000: several datasets
+"""Blending several sources by weight into one deterministic order (as in DeepSpeed-Chat: several datasets
 feed one training run)."""
 
 from __future__ import annotations

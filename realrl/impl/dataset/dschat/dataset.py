@@ -42,7 +42,7 @@ class DSChatDataset(SampleListDataset):
 
     Sequences over ``max_seq_len`` are left out and counted; ``truncate=True`` cuts phase-1/2
     sequences instead, as DeepSpeed-Chat does (phase-3 prompts are always left out, never cut).
-    Phase 1 puts the loss on every token as the seed does; ``loss_on_prompt=False`` masks the prompt.
+    Phase 1 puts the loss on every token as DeepSpeed-Chat does; ``loss_on_prompt=False`` masks the prompt.
     Ids are "<source>:<part>:<row>" (with "#k" on the k-th repeat of a row when blending repeats).
     """
 

@@ -1,4 +1,4 @@
-"""DeepSpeed-Chat's padded phase formats (seed 000's ``prepare_data`` pseudocode), for users of
+"""DeepSpeed-Chat's padded phase formats (the per-phase routing of its ``data_utils.py``), for users of
 padded batches. realrl's own datasets are packed; see ``dataset.py`` for those."""
 
 from __future__ import annotations

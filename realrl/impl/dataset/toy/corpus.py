@@ -24,7 +24,7 @@ from realrl.impl.interface.rule_reward import word_sentiment_reward
 class ToyTaskConfig:
     seed: int = 1
     n_prompts: int = 40000  # the one corpus, split over SFT / RM / PPO
-    data_split: str = "2,4,4"  # seed 000's phase ratios
+    data_split: str = "2,4,4"  # DeepSpeed-Chat's default phase ratios
     valid_fraction: float = 0.05  # held out inside each phase
     prompt_min_words: int = 4
     prompt_max_words: int = 8
@@ -191,7 +191,7 @@ def toy_paths(out_dir: str) -> dict[str, str]:
 
 
 def toy_model_config(vocab: ToyVocab | None = None, n_positions: int = 64) -> dict:
-    """The tiny llama-family decoder of the toy task (TOY_TASK.md: d=64, 2 layers, 4 heads).
+    """The tiny llama-family decoder of the toy task (d=64, 2 layers, 4 heads).
 
     A ``ReaLModelConfig`` field dict: what the "real_model" factory takes as ``config=``.
     """

@@ -16,9 +16,9 @@ class OptimizerConfig:
     """AdamW with decoupled weight decay, gradient clipping and an LR schedule.
 
     ``tf_style_eps`` switches to TensorFlow's Adam update, where epsilon is added to the raw
-    ``sqrt(v_t)`` instead of the bias-corrected one (seed 002, "PyTorch Adam optimizer numerical
-    issues"). ``min_lr_ratio=0`` with a ``linear`` schedule anneals the LR to zero as
-    lm-human-preferences does (seed 002, general detail 5).
+    ``sqrt(v_t)`` instead of the bias-corrected one ("The N Implementation Details of RLHF with PPO",
+    "PyTorch Adam optimizer numerical issues"). ``min_lr_ratio=0`` with a ``linear`` schedule
+    anneals the LR to zero as lm-human-preferences does (same post, general detail 5).
     """
 
     lr: float = 1e-5
@@ -61,8 +61,8 @@ class EngineConfig:
     ``dtype``: "auto" is fp32 on CPU and bf16 on CUDA. The train engine keeps fp32 parameters
     and optimizer state and runs forward/backward under ``torch.autocast`` in the low precision
     (fp16 adds a dynamic loss scaler); the inference engine casts its module to the dtype.
-    ``disable_dropout``: RL policies train without dropout (seed 002, policy detail 4), so that
-    log-probs computed at inference and at training time agree.
+    ``disable_dropout``: RL policies train without dropout ("The N Implementation Details of RLHF with PPO",
+    policy detail 4), so that log-probs computed at inference and at training time agree.
     ``gradient_checkpointing``: recompute activations in backward (see ``activation_checkpointing``:
     the module's ``gradient_checkpointing_enable()``, else its ``layers`` blocks are wrapped).
     ``share_prefixes``: compute the prefix the sequences of one sample share (the prompt of a

@@ -50,7 +50,8 @@ SEQUENCE_SALT = 0x5BE0CD19
 
 
 def disable_dropout(module: torch.nn.Module) -> int:
-    """Zero every dropout probability the module exposes (seed 002, policy detail 4).
+    """Zero every dropout probability the module exposes ("The N Implementation Details of RLHF with PPO",
+    policy detail 4).
 
     Covers ``nn.Dropout``-style submodules and the ``*_pdrop`` fields of a ReaLModelConfig held
     as ``module.config``. Returns how many settings were changed.

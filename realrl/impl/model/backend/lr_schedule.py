@@ -3,7 +3,8 @@
 The LR of an update is a function of the model version it trains (``version_steps``), not of
 how many optimizer steps ran: PPO may take several minibatch steps per version, and all of them
 share one LR, as in lm-human-preferences where ``lr = lr0 * (1 - (update - 1) / num_updates)``
-(seed 002, general detail 5: ``linear`` with ``min_lr_ratio=0`` reproduces it exactly).
+("The N Implementation Details of RLHF with PPO", general detail 5: ``linear`` with
+``min_lr_ratio=0`` reproduces it exactly).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """AdamW (PyTorch- or TensorFlow-style epsilon) and the optimizer factory.
 
-Seed 002, "PyTorch Adam optimizer numerical issues w.r.t RLHF", gives both update rules:
+"The N Implementation Details of RLHF with PPO" (section "PyTorch Adam optimizer numerical issues
+w.r.t RLHF") gives both update rules:
 
     pytorch:     theta -= lr / (1 - b1^t) * m_t / (sqrt(v_t) / sqrt(1 - b2^t) + eps)
     tensorflow:  theta -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m_t / (sqrt(v_t) + eps)

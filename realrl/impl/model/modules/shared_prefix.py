@@ -10,7 +10,7 @@ forward up to float rounding), gradients too: a shared token's gradient is the s
 sequences that read it, which is what the plain forward computes for its identical copies.
 
 With dropout, the copies of a shared token share one dropout mask (RL and reward-model training
-run without dropout: seed 002 policy detail 4).
+run without dropout: "The N Implementation Details of RLHF with PPO", policy detail 4).
 """
 
 from __future__ import annotations

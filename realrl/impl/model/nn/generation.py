@@ -3,8 +3,9 @@
 Prompts are prefilled in one packed forward; then each step feeds one token per live sequence.
 A sequence that emits EOS leaves the live batch (its cache row is dropped), so finished
 sequences stop costing compute. Log-probs are those of the sampled tokens under
-``logits / temperature`` (seed 002 policy detail 1, "Scale the logits by sampling temperature"),
-before top-k/top-p filtering, so a training forward recomputes them exactly.
+``logits / temperature`` ("The N Implementation Details of RLHF with PPO", policy detail 1, "Scale
+the logits by sampling temperature"), before top-k/top-p filtering, so a training forward
+recomputes them exactly.
 
 Sampling randomness is counter-based: each output sequence has a 64-bit key (its prompt's key
 mixed with its answer index) and step ``s`` draws ``row_uniforms(keys, s)``, a hash of (key, s).

@@ -40,8 +40,9 @@ class Embedding(nn.Module):
 
 @torch.no_grad()
 def init_critic_head(head: nn.Linear, mode: str = "reward", generator: torch.Generator | None = None) -> None:
-    """Seed 002: reward head weight ~ N(0, std=1/sqrt(d_model+1)), bias 0 ("Reward head layer
-    initialization"); "zeros" is the value-head option (N(0, 0) in "Value head layer initialization")."""
+    """Reward head weight ~ N(0, std=1/sqrt(d_model+1)), bias 0 ("Reward head layer initialization"
+    in "The N Implementation Details of RLHF with PPO"); "zeros" is the value-head option (N(0, 0)
+    in "Value head layer initialization")."""
     if mode == "reward":
         nn.init.normal_(head.weight, mean=0.0, std=1.0 / math.sqrt(head.in_features + 1), generator=generator)
     elif mode == "zeros":

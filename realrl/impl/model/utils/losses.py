@@ -16,7 +16,7 @@ def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor,
 
     L = - sum_j mask_j * log p(x_{j+1} | x_{<=j}) / sum_j mask_j
     ``logp`` [T - B] is log p(x_{j+1} | x_{<=j}) (``packed_logprobs``). The mask selects answer
-    tokens (prompt masked) or every token (seed 000 phase 1 "all tokens").
+    tokens (prompt masked) or every token (DeepSpeed-Chat's phase 1: "all tokens").
     Returns (loss, number of counted tokens).
     """
     mask = loss_mask.to(logp.dtype)
@@ -30,7 +30,7 @@ def bradley_terry_loss(
     margin: torch.Tensor | None = None,
     center_rewards_coefficient: float | None = None,
 ) -> torch.Tensor:
-    """Pairwise reward-model loss (TRL ``RewardTrainer``, ANCHORS "TRL reward-data facts"):
+    """Pairwise reward-model loss (TRL ``RewardTrainer.compute_loss``, checked against trl 1.16):
 
     L = mean( -log sigmoid(r_c - r_r - margin) ) + coef * mean( (r_c + r_r)^2 )
     The second term (``center_rewards_coefficient``) keeps rewards centred on 0.

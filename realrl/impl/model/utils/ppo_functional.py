@@ -1,11 +1,13 @@
 """PPO and GRPO math over packed sequences, each piece readable top to bottom.
 
-Alignment (DESIGN §2): a sequence of L tokens has L ``values`` (value after each token) and L - 1
-entries of every "token minus one" key (``packed_logprobs``, ``advantages``, ``returns``,
-``kl_rewards``): element j is about generating token j + 1. ``cu_seqlens`` below is always the
-token-level boundary of ``packed_input_ids``; the "short" boundaries of the L - 1 keys follow
-from it. Seed 002 details are cited by name: "seed 002 PPO detail N" refers to the numbered list
-"Policy Training Implementation Details", "general detail N" and "RM detail N" likewise.
+Alignment (the key contract of docs/datasets.md): a sequence of L tokens has L ``values`` (value
+after each token) and L - 1 entries of every "token minus one" key (``packed_logprobs``,
+``advantages``, ``returns``, ``kl_rewards``): element j is about generating token j + 1.
+``cu_seqlens`` below is always the token-level boundary of ``packed_input_ids``; the "short"
+boundaries of the L - 1 keys follow from it. Details of the blog post "The N Implementation
+Details of RLHF with PPO" (Huang et al., ICLR blog track 2024) are cited by name: "PPO detail N"
+refers to item N of its numbered list "Policy Training Implementation Details", "general detail
+N" and "RM detail N" to its "General" and "Reward Model" lists likewise.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tens
 
 
 def whiten(values: torch.Tensor, shift_mean: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Seed 002 PPO detail "per-minibatch reward and advantage whitening" (OpenAI's ``whiten``).
+    """PPO detail "per-minibatch reward and advantage whitening" (OpenAI's ``whiten``).
 
     Biased variance (``unbiased=False``, the TF ``tf.nn.moments`` behaviour) and eps 1e-8.
     ``shift_mean=False`` adds the mean back (used for rewards); with a mask the moments are taken
@@ -89,7 +91,7 @@ class FixedKLController:
 
 
 class AdaptiveKLController:
-    """Seed 002 PPO detail "adaptive KL" (Ziegler et al. 2019, train_policy.py#L115-L124):
+    """PPO detail "adaptive KL" (Ziegler et al. 2019, train_policy.py#L115-L124):
 
     e = clip(KL_current / KL_target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
     """
@@ -138,7 +140,7 @@ def packed_kl_rewards(
     loss_mask: torch.Tensor,
     estimator: KLEstimator = "k1",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seed 002 PPO detail "per-token KL penalty": rewards = -beta * KL per response token, and
+    """PPO detail "per-token KL penalty": rewards = -beta * KL per response token, and
     the sequence's score added at its last token. Returns (kl_rewards, rewards), both [T - B]."""
     kl_rewards = -kl_coef * kl_divergence(logprobs, ref_logprobs, estimator) * loss_mask
     rewards = kl_rewards.clone()
@@ -164,7 +166,7 @@ def packed_gae(
     gamma: float,
     lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over packed sequences (seed 002 PPO detail "discount
+    """Generalised advantage estimation over packed sequences (PPO detail "discount
     factor = 1" makes gamma = 1 the default elsewhere).
 
     rewards [T - B], values [T] (value after each token), bootstrap [B]: 1 where the sequence was
@@ -265,7 +267,7 @@ def critic_loss(
     value_eps_clip: float | None,
     loss_mask: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Seed 002 PPO detail "clipped value function" (as in baselines ppo2):
+    """PPO detail "clipped value function" (as in baselines ppo2):
 
     V_clip = V_old + clip(V - V_old, -eps, eps);   L = 0.5 * mean( max((V - R)^2, (V_clip - R)^2) )
     ``value_eps_clip=None`` gives the plain squared error.
