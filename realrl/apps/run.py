@@ -22,17 +22,21 @@ from realrl.system.standby import StandbyWorkers
 logger = logging.getLogger("quickstart")
 T = TypeVar("T")
 
+# plots/<group>.png: the keys (or ``*`` patterns, ``stats.curve_keys``) each group draws; ``*/eval_*``
+# are evaluations on the valid set (SFT and reward models), drawn beside the training curve
 CURVES = {
-    "reward": ["actor_train/task_reward", "actor_train/reward", "rwTrain/eval_accuracy"],
-    "kl": ["actor_train/kl", "actor_train/kl_rewards"],
+    "reward": ["actor_train/task_reward", "actor_train/reward"],
+    "kl": ["actor_train/ref_kl"],  # the actor's KL to the reference model (PPO, GRPO)
     "loss": [
         "trainDefault/loss",
         "rwTrain/loss",
         "actor_train/loss",
-        "critic_train/loss",
-        "actor_train/dpo_loss",
+        "critic_train/critic_loss",
+        "*/eval_loss",
     ],
-    "accuracy": ["rwTrain/accuracy", "actor_train/accuracy"],
+    "accuracy": ["rwTrain/accuracy", "actor_train/accuracy", "*/eval_accuracy"],
+    "perplexity": ["trainDefault/ppl", "*/eval_ppl"],
+    "pair_reward": ["*/chosen_reward", "*/rejected_reward", "*/eval_chosen_reward", "*/eval_rejected_reward"],
 }
 
 

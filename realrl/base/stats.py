@@ -8,6 +8,7 @@ TensorBoard and, when asked and installed, to wandb.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -82,8 +83,24 @@ def read_stats(path: str) -> list[dict[str, float]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def curve_keys(rows: Iterable[Mapping[str, object]], keys: Iterable[str]) -> list[str]:
+    """The numeric keys of ``rows`` that ``keys`` name, in their order: a key with ``*``, ``?`` or
+    ``[`` is a pattern (``"*/eval_loss"``: every model's evaluation loss, whatever its MFC's name)."""
+    present = sorted(
+        {k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    )
+    out: list[str] = []
+    for key in keys:
+        found = fnmatch.filter(present, key) if any(c in key for c in "*?[") else [key] * (key in present)
+        out += [k for k in found if k not in out]
+    return out
+
+
 def plot_curves(stats_path: str, out_dir: str, groups: Mapping[str, Iterable[str]]) -> list[str]:
-    """One PNG per group (e.g. ``{"reward": ["actor_train/reward"]}``) of the keys that exist."""
+    """One PNG per group (e.g. ``{"reward": ["actor_train/reward"]}``) of the keys that exist
+    (``curve_keys``), with one panel per MFC (the part of a key before ``/``): an actor's and a
+    critic's losses differ by orders of magnitude, a model's training and evaluation loss do not.
+    Series with few points (evaluations, short runs) are drawn with markers."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -93,17 +110,23 @@ def plot_curves(stats_path: str, out_dir: str, groups: Mapping[str, Iterable[str
     written = []
     os.makedirs(out_dir, exist_ok=True)
     for group, keys in groups.items():
-        present = [k for k in keys if any(k in r for r in rows)]
-        if not present:
+        panels: dict[str, list[str]] = {}
+        for k in curve_keys(rows, keys):
+            panels.setdefault(k.split("/")[0], []).append(k)
+        if not panels:
             continue
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for k in present:
-            xs = [r["step"] for r in rows if k in r]
-            ax.plot(xs, [r[k] for r in rows if k in r], label=k, marker="." if len(xs) < 30 else None)
-        ax.set_xlabel("step")
-        ax.set_title(group)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        width = 6 if len(panels) == 1 else 4.5 * len(panels)
+        fig, axes = plt.subplots(1, len(panels), figsize=(width, 3.5), squeeze=False)
+        for ax, (mfc, present) in zip(axes[0], panels.items()):
+            for k in present:
+                xs = [r["step"] for r in rows if k in r]
+                ax.plot(
+                    xs, [r[k] for r in rows if k in r], label=k, marker="o" if len(xs) < 30 else None, ms=4
+                )
+            ax.set_xlabel("step")
+            ax.set_title(group if len(panels) == 1 else f"{group}: {mfc}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
         fig.tight_layout()
         path = os.path.join(out_dir, f"{group}.png")
         fig.savefig(path + ".tmp.png", dpi=110)

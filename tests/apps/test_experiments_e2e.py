@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from realrl.apps import run as run_mod
 from realrl.apps.quickstart import build_config
 from realrl.apps.run import run_quickstart
+from realrl.base import stats
 
 SHORT = [
     "exp_ctrl.total_train_steps=2",
@@ -67,6 +68,9 @@ def test_sft_then_rw_reuse_and_save(fileroot):
     cfg, summary = run("rw", fileroot)
     assert_run_outputs(cfg.run_dir)
     assert 0.0 <= summary["rwTrain/eval_accuracy"] <= 1.0
+    rows = stats.read_stats(os.path.join(cfg.run_dir, "stats.jsonl"))
+    assert "rwTrain/eval_accuracy" in stats.curve_keys(rows, run_mod.CURVES["accuracy"])  # drawn
+    assert {"loss.png", "accuracy.png"} <= set(os.listdir(os.path.join(cfg.run_dir, "plots")))
     assert os.path.isfile(
         os.path.join(cfg.run_dir, "checkpoints", "default", "final", "reward_normalization.json")
     )
@@ -79,6 +83,8 @@ def test_ppo_default_writes_the_toy_summary(fileroot):
         assert on_disk[key] is not None, key
     assert on_disk["kl"] >= 0 and 0 <= on_disk["rm_accuracy"] <= 1
     assert "actor_train/task_reward" in on_disk and "critic_train/critic_loss" in on_disk
+    plots = set(os.listdir(os.path.join(cfg.run_dir, "plots")))
+    assert {"reward.png", "kl.png", "loss.png"} <= plots, plots  # the README's reward, KL and loss
 
 
 def test_sft_with_fsdp_over_two_workers_evaluates_and_saves_a_whole_model(fileroot):
@@ -159,6 +165,7 @@ def test_other_experiments_run_two_steps(fileroot, name, extra):
     assert_run_outputs(cfg.run_dir, trains=name != "gen")
     if name == "grpo":
         assert summary["rm_accuracy"] is None and summary["true_reward_mean"] is not None
+        assert "kl.png" in os.listdir(os.path.join(cfg.run_dir, "plots"))
     if name == "gen":
         with open(os.path.join(cfg.run_dir, "generations.jsonl")) as f:
             rows = [json.loads(line) for line in f]

@@ -1,7 +1,7 @@
 import json
 import os
 
-from realrl.apps.run import RunMonitor
+from realrl.apps.run import CURVES, RunMonitor
 from realrl.base import stats
 
 
@@ -17,6 +17,39 @@ def test_plot_curves_and_summary(tmp_path, capsys):
     assert json.loads(open(out).read()) == {"true_reward_mean": 3.25, "rm_accuracy": None, "steps": 5}
     printed = capsys.readouterr().out
     assert "true_reward_mean  3.25" in printed and "rm_accuracy       None" in printed
+
+
+def test_curve_keys_take_patterns_and_numbers_only():
+    rows = [
+        {"step": 1, "a/loss": 1.0, "timing": {"a": 1.0}, "realloc/x/moves": "d1 -> d2"},
+        {"step": 2, "a/loss": 0.5, "a/eval_loss": 0.7, "b/eval_loss": 0.9, "b/eval_flag": True},
+    ]
+    assert stats.curve_keys(rows, ["a/loss", "*/eval_loss", "a/loss", "missing"]) == [
+        "a/loss",
+        "a/eval_loss",
+        "b/eval_loss",
+    ]
+    assert stats.curve_keys(rows, ["*/moves", "timing", "*/eval_flag"]) == []
+
+
+def test_curves_table_draws_kl_and_evaluations(tmp_path):
+    """A PPO run's records give reward, KL and loss plots; an SFT run's its evaluation loss too."""
+    ppo = [
+        {"step": i, "actor_train/task_reward": 0.1 * i, "actor_train/ref_kl": 0.2 * i}
+        | {"actor_train/loss": -0.02, "critic_train/critic_loss": 5.0 / i, "timing": {}}
+        for i in range(1, 4)
+    ]
+    sft = [{"step": i, "trainDefault/loss": 3.0 / i} for i in range(1, 4)]
+    sft[-1] |= {"trainDefault/eval_loss": 1.2, "trainDefault/eval_ppl": 3.3, "trainDefault/eval_n_tokens": 9}
+    for name, rows in (("ppo", ppo), ("sft", sft)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = stats.plot_curves(str(tmp_path / "ppo.jsonl"), str(tmp_path / "ppo"), CURVES)
+    assert [os.path.basename(p) for p in written] == ["reward.png", "kl.png", "loss.png"]
+    assert stats.curve_keys(ppo, CURVES["kl"]) == ["actor_train/ref_kl"]
+    assert stats.curve_keys(sft, CURVES["loss"]) == ["trainDefault/loss", "trainDefault/eval_loss"]
+    assert stats.curve_keys(sft, CURVES["perplexity"]) == ["trainDefault/eval_ppl"]
+    written = stats.plot_curves(str(tmp_path / "sft.jsonl"), str(tmp_path / "sft"), CURVES)
+    assert [os.path.basename(p) for p in written] == ["loss.png", "perplexity.png"]
 
 
 def test_run_monitor_mirrors_records_to_tensorboard(tmp_path):

@@ -1,8 +1,8 @@
 """An algorithm as a dataflow graph of model function calls (MFCs).
 
 Edges are derived from keys: a node that consumes a key depends on the node that produces it;
-keys nobody produces come from the dataset (DESIGN §3). ``input_keys`` and ``output_keys`` are the
-graph-level names; the remaps translate them to and from the names the interface uses.
+keys nobody produces come from the dataset (docs/algorithms.md). ``input_keys`` and ``output_keys``
+are the graph-level names; the remaps translate them to and from the names the interface uses.
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def graph_to_dot(graph: nx.DiGraph) -> str:
 
 
 def draw_graph(graph: nx.DiGraph, path: str) -> str:
-    """Write the graph to ``path``: ``.dot`` as DOT text, ``.png`` as a picture (matplotlib)."""
+    """Write the graph to ``path``: ``.dot`` as DOT text, ``.png`` as a picture (matplotlib) laid
+    out by ``dfg_layout.layout_graph``, so that no key label covers another label or a node."""
     ext = os.path.splitext(path)[1].lower()
     if ext == ".dot":
         with open(path, "w") as f:
@@ -158,29 +159,7 @@ def draw_graph(graph: nx.DiGraph, path: str) -> str:
         return path
     if ext != ".png":
         raise ValueError(f"draw_graph writes .dot or .png, not {ext!r} ({path})")
-    import matplotlib
+    from realrl.api.core.dfg_draw import render_png
+    from realrl.api.core.dfg_layout import layout_graph
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    graph = graph.copy()  # the layout attribute must not leak into the caller's graph
-    layers = {n: i for i, gen in enumerate(nx.topological_generations(graph)) for n in gen}
-    nx.set_node_attributes(graph, layers, "layer")
-    pos = nx.multipartite_layout(graph, subset_key="layer")
-    fig, ax = plt.subplots(figsize=(2.8 * (max(layers.values(), default=0) + 1) + 2, 5))
-    labels = {
-        n: f"{n}\n{d['mfc'].model_name.role}·{d['mfc'].interface_type.value}"
-        for n, d in graph.nodes(data=True)
-    }
-    nx.draw_networkx(
-        graph, pos, ax=ax, labels=labels, node_shape="s", node_size=3200, node_color="#cfe2f3", font_size=7
-    )
-    edge_labels = {(u, v): "\n".join(d["keys"]) for u, v, d in graph.edges(data=True)}
-    nx.draw_networkx_edge_labels(graph, pos, edge_labels=edge_labels, ax=ax, font_size=6)
-    ax.set_axis_off()
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return render_png(layout_graph(graph), path)
