@@ -15,7 +15,7 @@ setup(
         "transformers>=4.45",
         "ray>=2.9",
         "pyzmq>=25",
-        "omegaconf>=2.3",  # structured configs and key=value overrides (hydra's config library)
+        "omegaconf>=2.3,<2.5",  # structured configs and key=value overrides (hydra's config library)
         "safetensors>=0.4",
         "tokenizers>=0.19",
         "numpy>=1.24",

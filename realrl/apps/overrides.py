@@ -137,7 +137,8 @@ def _omegaconf_message(e: Exception, config_cls: type | None, where: str | None)
     full_key = str(getattr(e, "full_key", "") or "")
     message = one_line(str(e))
     if "not in" in message or "is not in struct" in message:
-        message += _suggestion(full_key, config_cls)
+        # omegaconf >= 2.4 suggests the field's short name itself; ours names the whole key
+        message = re.sub(r"\.? ?Did you mean: .*$", "", message) + _suggestion(full_key, config_cls)
     where = where or full_key
     return f"{where}: {message}" if where else message
 
