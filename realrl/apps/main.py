@@ -159,9 +159,10 @@ def run_bounded(main: Coroutine[Any, Any, T], cancel_wait_s: float = CANCEL_WAIT
 
 
 def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """asyncio's report of a task left holding the ``KeyboardInterrupt`` of Ctrl-C or SIGTERM (a
-    traceback on stderr) is dropped: the run was stopped on purpose. Anything else is reported."""
-    if not isinstance(context.get("exception"), KeyboardInterrupt):
+    """asyncio's report of a task left holding the ``KeyboardInterrupt`` of Ctrl-C or SIGTERM, or
+    the cancellation that stopping the run gave it (a traceback on stderr), is dropped: the run
+    was stopped on purpose. Anything else is reported."""
+    if not isinstance(context.get("exception"), KeyboardInterrupt | asyncio.CancelledError):
         loop.default_exception_handler(context)
 
 
