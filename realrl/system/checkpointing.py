@@ -270,11 +270,7 @@ def save_recover(
     try:
         _engine(model, role).save(path, extra_state=extra)
     except (OSError, RuntimeError) as e:
-        raise RecoverPointError(
-            f"cannot write {path} ({type(e).__name__}: {e}); the previous recover point is unchanged",
-            step,
-            role,
-        ) from e
+        raise _cannot_write(path, e, step, role) from e
 
 
 def load_recover(
@@ -299,11 +295,13 @@ def save_interface_state(interface: ModelInterface, path: str, role: str, step: 
         torch.save(interface.state_dict(), tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
-        raise RecoverPointError(
-            f"cannot write {path} ({type(e).__name__}: {e}); the previous recover point is unchanged",
-            step,
-            role,
-        ) from e
+        raise _cannot_write(path, e, step, role) from e
+
+
+def _cannot_write(path: str, e: Exception, step: int | None, role: str) -> RecoverPointError:
+    return RecoverPointError(
+        f"cannot write {path} ({type(e).__name__}: {e}); the previous recover point is unchanged", step, role
+    )
 
 
 def load_interface_state(interface: ModelInterface, path: str, role: str, step: int | None = None) -> None:

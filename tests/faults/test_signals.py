@@ -74,9 +74,10 @@ def test_a_library_that_takes_sigterm_gives_it_back():
         assert signal.getsignal(signal.SIGTERM) is ours
 
 
-def test_sigterm_stops_every_worker_and_exits_143(tmp_path):
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_every_worker_and_exits_128_plus_its_number(tmp_path, signum, status):
     slow = ModelInterfaceAbstraction("sys_test_slow", {"delay": 0.3})
-    cfg = single_call_config(tmp_path, "sigterm", slow, steps=1000, n_samples=4000)
+    cfg = single_call_config(tmp_path, signum.name.lower(), slow, steps=1000, n_samples=4000)
     path = tmp_path / "config.pkl"
     path.write_bytes(pickle.dumps(cfg))
     proc = subprocess.Popen(
@@ -89,14 +90,14 @@ def test_sigterm_stops_every_worker_and_exits_143(tmp_path):
         pids = worker_pids(cfg)
         assert len(pids) == 2
         tik = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, _ = proc.communicate(timeout=STOPPED_WITHIN_S)
         took = time.monotonic() - tik
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143, out.decode()[-2000:]
-    assert b"interrupted by SIGTERM; every worker was stopped" in out
+    assert proc.returncode == status, out.decode()[-2000:]
+    assert f"interrupted by {signum.name}; every worker was stopped".encode() in out
     assert b"Traceback" not in out
     assert wait_all_exited(pids.values(), timeout=5) == [] and took < STOPPED_WITHIN_S
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -135,34 +132,6 @@ def test_killing_a_worker_stops_the_run_naming_it(tmp_path, mode, request):
     assert "model_worker/1" in str(info.value) and "last lines of model_worker/1's log" in str(info.value)
     pids = worker_pids(cfg)
     assert wait_all_exited(pids.values()) == []
-
-
-def test_ctrl_c_stops_every_worker_and_exits_nonzero(tmp_path):
-    import pickle
-
-    slow = ModelInterfaceAbstraction("sys_test_slow", {"delay": 0.3})
-    cfg = single_call_config(tmp_path, "ctrlc", slow, steps=1000, n_samples=4000)
-    path = tmp_path / "config.pkl"
-    path.write_bytes(pickle.dumps(cfg))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realrl.apps.main", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(os.path.join(cfg.run_dir, "stats.jsonl")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        pids = worker_pids(cfg)
-        assert len(pids) == 2
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, out.decode()[-2000:]
-    assert b"interrupted" in out
-    assert alive(pids.values()) == []
 
 
 def test_ray_workers_that_cannot_be_scheduled_fail_at_once(tmp_path, ray_cluster):
