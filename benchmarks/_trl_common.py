@@ -77,10 +77,10 @@ def prepare(spec: BenchSpec) -> dict[str, str]:
 
     from realrl.api.core.data_api import load_hf_tokenizer
     from realrl.api.core.model_api import ReaLModelConfig
-    from realrl.experiments.toy import ToyLayout
+    from realrl.experiments.tasks import SENTIMENT
     from realrl.impl.model.nn import ReaLModel
 
-    paths = ToyLayout(spec.fileroot, spec.seed).build()
+    paths = SENTIMENT.files(spec.fileroot, spec.seed)
     os.makedirs(spec.bench_dir, exist_ok=True)
     tokenizer = load_hf_tokenizer(paths["tokenizer"])
     for name, is_critic in (("init_lm", False), ("init_rm", True)):
@@ -90,7 +90,7 @@ def prepare(spec: BenchSpec) -> dict[str, str]:
             continue
         torch.manual_seed(spec.seed)  # same seed: init_rm's body equals init_lm's
         if spec.init is None:
-            cfg = ReaLModelConfig(**ToyLayout.model_config(), is_critic=is_critic)
+            cfg = ReaLModelConfig(**SENTIMENT.model_config(), is_critic=is_critic)
             model = ReaLModel(cfg, dtype=torch.float32)
         else:
             model = ReaLModel.from_pretrained(spec.init, is_critic=is_critic, dtype=torch.float32)
@@ -101,10 +101,9 @@ def prepare(spec: BenchSpec) -> dict[str, str]:
 def known_paths(spec: BenchSpec) -> dict[str, str]:
     """The paths ``prepare`` wrote, without loading a tokenizer or building a model: what the
     measured children use, so their memory holds only what each side itself needs."""
-    from realrl.experiments.toy import ToyLayout
-    from realrl.impl.dataset.toy.corpus import toy_paths
+    from realrl.experiments.tasks import SENTIMENT
 
-    paths = toy_paths(ToyLayout(spec.fileroot, spec.seed).data_dir)
+    paths = SENTIMENT.paths(SENTIMENT.data_dir(spec.fileroot, spec.seed))
     paths.update({n: os.path.join(spec.bench_dir, n) for n in ("init_lm", "init_rm")})
     missing = [p for p in paths.values() if not os.path.exists(p)]
     if missing:

@@ -87,9 +87,9 @@ def grpo_overrides(spec: BenchSpec, paths: dict[str, str]) -> list[str]:
 def run(task: str, spec: BenchSpec, paths: dict[str, str], standby=None) -> dict:
     """Train, time each step (from the master's per-step timestamps) and save the final model;
     ``standby``: warmed-up worker processes (``realrl.system.standby``), as the CLI starts them."""
+    from realrl.apps.configs import build_config
     from realrl.apps.main import run_experiment
-    from realrl.apps.quickstart import build_config
-    from realrl.experiments.toy import final_checkpoint
+    from realrl.experiments.tasks import final_checkpoint
 
     overrides = rw_overrides(spec, paths) if task == "rw" else grpo_overrides(spec, paths)
     cfg = build_config(task, overrides)

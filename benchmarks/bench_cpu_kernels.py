@@ -15,7 +15,6 @@ import os
 import statistics
 import sys
 import time
-from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,9 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from realrl.base.host_memory import retain_freed_memory
-    from realrl.impl.model.modules import cpu_norm, cpu_varlen
+    from realrl.impl.model import kernels
 
-    if not cpu_varlen.available():
+    if not kernels.available("varlen_attention"):
         sys.exit("the C kernels are not available here (no C compiler builds them)")
     retain_freed_memory()  # as the model workers do
     spec = BenchSpec(fileroot=args.fileroot)
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
 
     norm_phases = {"RM step (64 pairs)": rw_step(spec, paths), "GRPO update": pieces["update"]}
     norms = {
-        "torch": lambda: mock.patch.object(cpu_norm, "supports", lambda x, w: False),
+        "torch": lambda: kernels.torch_only("rms_norm"),
         "C": contextlib.nullcontext,
     }
     report("RMSNorm", interleaved(norm_phases, norms, args.rounds), norm_phases, "torch", "C")

@@ -21,7 +21,7 @@ import torch
 import realrl.impl  # noqa: F401  (registers the datasets)
 from realrl.api.core.config import DatasetAbstraction
 from realrl.api.core.data_api import SequenceSample, load_hf_tokenizer, make_dataset
-from realrl.experiments.toy import ToyLayout
+from realrl.experiments.tasks import SENTIMENT
 
 
 def best_time(fn, repeats: int) -> tuple[float, float, object]:
@@ -53,7 +53,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))  # the Rust tokenizer's batch threads
 
-    paths = ToyLayout(args.root, 1).build()
+    paths = SENTIMENT.files(args.root, 1)
     tokenizer = load_hf_tokenizer(paths["tokenizer"])
     local = dschat_source(paths, args.root)
     cases = [

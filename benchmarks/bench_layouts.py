@@ -81,7 +81,7 @@ def summarize(candidate: str, records: list[dict]) -> dict:
         "realloc_s": timing("realloc/actor"),
         "wait_s": statistics.median([r.get("realloc/actor/wait_seconds", 0.0) for r in records[1:]] or [0.0]),
         "realloc_mb": statistics.median(moved) / 2**20 if moved else 0.0,
-        "reward": records[-1].get("actor_train/task_reward"),
+        "reward": records[-1].get("compute_adv/task_reward"),
     }
 
 

@@ -88,7 +88,7 @@ def mean_prompt_tokens(spec: BenchSpec, paths: dict[str, str], limit: int = 4000
 
 def completion_length(side: str, result: dict) -> float:
     if side == "realrl":
-        vals = [r["actor_train/response_length"] for r in result["records"]]
+        vals = [r["compute_adv/response_length"] for r in result["records"]]
     else:
         vals = [log["completions/mean_length"] for log in result["logs"] if "completions/mean_length" in log]
     return statistics.fmean(vals)

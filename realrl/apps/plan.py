@@ -2,17 +2,15 @@
 
 Prints the per-device memory plan of a quickstart experiment (``realrl.api.quickstart.memory_plan``)
 and says whether it fits. Runs nothing: model folders need only their ``config.json``, the dataset
-file need not exist, and the toy default (no dataset path) writes no toy files and plans the toy
+file need not exist, and an embedded task (no dataset path) writes none of its files and plans its
 model for checkpoints not trained yet. Exit status 2 with one ``error:`` line when an option is
 wrong, the layouts need more than ``n_devices`` workers, or a worker is over ``device_memory_gb`` GiB.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Iterator
 
 from realrl.api.core.system_api import ModelSpec
 
@@ -40,43 +38,29 @@ def _split_args(argv: list[str]) -> tuple[str, list[str], float, int | None]:
     return name, overrides, memory_gb, n_devices
 
 
-@contextlib.contextmanager
-def _no_toy_files() -> Iterator[None]:
-    """The toy task's paths without writing its corpus (``ToyLayout.build`` writes ~6 MB)."""
-    from realrl.experiments import toy
-
-    build = toy.ToyLayout.build
-    toy.ToyLayout.build = lambda self, *a, **k: toy.toy_paths(self.data_dir)
-    try:
-        yield
-    finally:
-        toy.ToyLayout.build = build
-
-
-def _toy_fallback(spec: ModelSpec, fileroot: str) -> dict | None:
-    """The toy model for a toy checkpoint under ``fileroot`` (not trained yet); None for other paths."""
-    from realrl.impl.dataset.toy.corpus import toy_model_config
-
+def _task_fallback(spec: ModelSpec, task_config: dict, fileroot: str) -> dict | None:
+    """The task's model for a checkpoint under ``fileroot`` (not trained yet); None for other paths."""
     path = os.path.abspath(str(spec.model.args.get("path", "")))
-    return toy_model_config() if path.startswith(os.path.abspath(fileroot) + os.sep) else None
+    return task_config if path.startswith(os.path.abspath(fileroot) + os.sep) else None
 
 
 def plan(argv: list[str]) -> str:
     """The printed plan; ValueError when it cannot be made or does not fit."""
     from realrl.api.quickstart.entrypoint import quickstart_experiments
     from realrl.api.quickstart.memory_plan import check_fits, format_plan, model_config, plan_memory
-    from realrl.apps.overrides import override_key
-    from realrl.apps.quickstart import DATA_PATH_KEYS, _register_everything, build_config
+    from realrl.apps.configs import build_config, register_everything
+    from realrl.experiments.tasks import get_task
 
     name, overrides, memory_gb, n_devices = _split_args(argv)
-    _register_everything()
+    register_everything()
     if name not in quickstart_experiments():
         raise ValueError(f"unknown experiment {name!r}; choose one of {quickstart_experiments()}")
-    with _no_toy_files():
-        exp = build_config(name, overrides).initial_setup()
-    toy = not any(override_key(o) in DATA_PATH_KEYS for o in overrides)
+    cfg = build_config(name, overrides)  # an embedded task's paths: its files need not exist
+    exp = cfg.initial_setup()
+    toy = cfg.task is not None
+    task_config = get_task(cfg.task).model_config() if toy else {}
     configs = {
-        role: model_config(spec, _toy_fallback(spec, exp.fileroot) if toy else None)
+        role: model_config(spec, _task_fallback(spec, task_config, exp.fileroot) if toy else None)
         for role, spec in exp.models.items()
     }
     if n_devices is not None and exp.n_model_workers > n_devices:
@@ -87,7 +71,9 @@ def plan(argv: list[str]) -> str:
     memory = plan_memory(exp, configs)
     limit = int(memory_gb * GiB)
     head = f"{name}: {exp.n_model_workers} workers, {memory_gb:g} GiB per device"
-    print(head + ("" if not toy else " (toy task: toy checkpoints not trained yet count as the toy model)"))
+    print(
+        head + ("" if not toy else f" (task {cfg.task}: its checkpoints not trained yet count as its model)")
+    )
     print(format_plan(memory, limit))
     check_fits(memory, limit)
     peak = max(w.peak for w in memory.workers)

@@ -1,6 +1,6 @@
 """The paths a run reads, checked before any worker starts (and before the phases a run builds
 on): a typo in a data file or a model folder is then a one-line error naming the key at once,
-not a worker's traceback minutes later. Only what the user gave is checked; the toy task's own
+not a worker's traceback minutes later. Only what the user gave is checked; an embedded task's own
 files and checkpoints are made by the run itself."""
 
 from __future__ import annotations
@@ -15,22 +15,28 @@ from realrl.impl.dataset.sources import DATA_SUFFIXES
 HF_CONFIG = "config.json"
 
 
-def check_paths(cfg: Any, prefix: str = "") -> None:
+def check_paths(cfg: Any, task_paths: dict[str, str] | None = None) -> None:
     """Every data file, model folder, tokenizer folder and plugin file named in ``cfg`` (a
-    quickstart config dataclass) exists and has the right kind."""
+    quickstart config dataclass) exists and has the right kind; ``task_paths`` (key -> path) are
+    an embedded task's, left alone while they still hold that path."""
     from realrl.experiments.common import ModelTrainEvalConfig
 
+    theirs = task_paths or {}
+
+    def given(key: str, value: Any) -> bool:
+        return bool(value) and theirs.get(key) != value
+
     for f in dataclasses.fields(cfg):
-        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
+        value, key = getattr(cfg, f.name), f.name
         if isinstance(value, ModelTrainEvalConfig):
-            if value.path:
+            if given(f"{key}.path", value.path):
                 check_model_folder(f"{key}.path", value.path)
         elif f.name == "dataset" and dataclasses.is_dataclass(value):
             for g in dataclasses.fields(value):
                 path = getattr(value, g.name)
-                if g.name.endswith("path") and isinstance(path, str) and path:
+                if g.name.endswith("path") and isinstance(path, str) and given(f"{key}.{g.name}", path):
                     check_data_path(f"{key}.{g.name}", path)
-        elif f.name == "tokenizer_path" and value:
+        elif f.name == "tokenizer_path" and given(key, value):
             check_tokenizer_folder(key, value)
         elif f.name == "import_modules":
             for i, module in enumerate(value):

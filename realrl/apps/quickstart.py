@@ -30,78 +30,15 @@ from realrl.apps.errors import (
     one_line,
     wants_traceback,
 )
-from realrl.apps.overrides import merge, override_key, to_object
+from realrl.apps.overrides import override_key, to_object
 from realrl.apps.signals import exit_code, interrupted_message, stop_on_signals
 from realrl.base import logging
 from realrl.system.standby import StandbyWorkers
 
 logger = logging.getLogger("quickstart")
 
-DATA_PATH_KEYS = ("dataset.train_path", "dataset.path")
-PRESET_KEY = "ppo_preset"
 HELP_FLAGS = ("-h", "--help", "help")
 MAX_STANDBY = 64  # standby processes start before any option is checked: a typo must not fork 10**6
-
-
-def _register_everything() -> None:
-    import realrl.experiments  # noqa: F401
-    import realrl.impl  # noqa: F401
-
-
-def toy_overrides(config_cls: type, overrides: list[str]) -> list[str]:
-    """The toy task's preset when the user names no dataset path (else nothing)."""
-    if any(override_key(o) in DATA_PATH_KEYS for o in overrides):
-        return []
-    # the toy model is tiny: one thread per worker beats several (per-op overhead dominates)
-    return ["torch_threads=1"] + list(getattr(config_cls, "TOY_PRESET", [])) + ["trial_name=toy-seed${seed}"]
-
-
-def preset_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
-    """Expand ``ppo_preset=<name>`` into ``ppo.*`` overrides placed before the user's own."""
-    from realrl.impl.interface.ppo_config import PRESETS
-
-    rest, expanded = [], []
-    for o in overrides:
-        if override_key(o) != PRESET_KEY:
-            rest.append(o)
-            continue
-        name = o.split("=", 1)[1].strip().strip("'\"")
-        if name not in PRESETS:
-            raise UserError(f"{PRESET_KEY}={name!r} is not a preset; choose one of {sorted(PRESETS)}")
-        for key, value in PRESETS[name]().items():
-            if dataclasses.is_dataclass(value):
-                expanded += [f"ppo.{key}.{k}={_fmt(v)}" for k, v in dataclasses.asdict(value).items()]
-            else:
-                expanded.append(f"ppo.{key}={_fmt(value)}")
-    return expanded, rest
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, str):
-        return repr(value) if any(c in value for c in " ,=.") else value
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def build_config(name: str, overrides: list[str]) -> Any:
-    """The experiment's config object from ``overrides``: every key, type and value checked, a
-    mistake a ``UserError`` naming the override (``realrl.apps.overrides``). hydra's
-    ``+key=value``, which adds a key to a dict option such as ``manual``, is taken too."""
-    node, user = config_node(name, overrides)
-    return to_object(node, user)
-
-
-def config_node(name: str, overrides: list[str]) -> tuple[Any, list[str]]:
-    """The experiment's omegaconf node, interpolations not resolved (what ``--cfg job`` shows),
-    and the user's own overrides (the presets expanded out of them)."""
-    _register_everything()
-    if name not in quickstart_experiments():
-        raise UserError(f"unknown experiment {name!r}; choose one of {quickstart_experiments()}")
-    cls = get_quickstart_exp(name)
-    expanded, user = preset_overrides(overrides)
-    dotlist = [f"experiment_name={name}"] + toy_overrides(cls, user) + expanded + user
-    return merge(cls, dotlist, user), user
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +56,7 @@ def prepare(argv: list[str]) -> Command:
     """``argv`` checked as far as it can be before any worker starts: the options
     (``parse_command``), then every phase's paths and runtime config (``plan_phases``). What
     ``main`` runs, or a ``UserError`` naming the argument, file or key at fault."""
-    from realrl.apps.run import plan_phases
+    from realrl.apps.run import plan_phases  # heavy: imported once the standby workers started
 
     command = parse_command(argv)
     if command.config is None:
@@ -132,7 +69,9 @@ def parse_command(argv: list[str]) -> Command:
     ``realrl.apps.run.plan_phases``); a mistake is a ``UserError`` naming the argument."""
     from omegaconf import OmegaConf
 
-    _register_everything()
+    from realrl.apps.configs import config_node, register_everything
+
+    register_everything()
     if not argv or argv[0] in HELP_FLAGS:
         return Command(text=usage())
     name, rest = argv[0], argv[1:]

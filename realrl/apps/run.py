@@ -10,50 +10,46 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from realrl.api.core.dfg import build_graph, draw_graph
+from realrl.api.core.model_api import SAMPLES_KEY
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.apps.configs import build_config
 from realrl.apps.errors import UserError, data_error_message, one_line
 from realrl.apps.main import ExperimentFailedError, run_experiment
 from realrl.apps.preflight import check_paths
 from realrl.base import logging, stats
-from realrl.experiments.toy import final_checkpoint, has_checkpoint
+from realrl.experiments.tasks import get_task, has_checkpoint
 from realrl.system.standby import StandbyWorkers
 
 logger = logging.getLogger("quickstart")
 T = TypeVar("T")
 
-# plots/<group>.png: the keys (or ``*`` patterns, ``stats.curve_keys``) each group draws; ``*/eval_*``
-# are evaluations on the valid set (SFT and reward models), drawn beside the training curve
-CURVES = {
-    "reward": ["actor_train/task_reward", "actor_train/reward"],
-    "kl": ["actor_train/ref_kl"],  # the actor's KL to the reference model (PPO, GRPO)
-    "loss": [
-        "trainDefault/loss",
-        "rwTrain/loss",
-        "actor_train/loss",
-        "critic_train/critic_loss",
-        "*/eval_loss",
-    ],
-    "accuracy": ["rwTrain/accuracy", "actor_train/accuracy", "*/eval_accuracy"],
-    "perplexity": ["trainDefault/ppl", "*/eval_ppl"],
-    "pair_reward": ["*/chosen_reward", "*/rejected_reward", "*/eval_chosen_reward", "*/eval_rejected_reward"],
+# what every experiment draws besides its own curves: evaluations on the valid set, beside the
+# training curve of the same group
+EVAL_CURVES = {
+    "loss": ["*/eval_loss"],
+    "accuracy": ["*/eval_accuracy"],
+    "perplexity": ["*/eval_ppl"],
+    "pair_reward": ["*/eval_chosen_reward", "*/eval_rejected_reward"],
 }
 
 
-# what the progress bar shows, by the first key present in a step's record
-PROGRESS_KEYS = {
-    "reward": ("actor_train/task_reward", "rwTrain/accuracy", "actor_train/accuracy"),
-    "kl": ("actor_train/ref_kl", "actor_train/kl"),
-    "loss": ("trainDefault/loss", "rwTrain/loss", "actor_train/loss", "actor_train/dpo_loss"),
-}
+def curves_of(config_cls: type[CommonExperimentConfig]) -> dict[str, list[str]]:
+    """plots/<group>.png: the keys (or ``*`` patterns, ``stats.curve_keys``) each group draws: the
+    experiment's own ``CURVES``, then the evaluation curves."""
+    out = {group: list(keys) for group, keys in config_cls.CURVES.items()}
+    for group, keys in EVAL_CURVES.items():
+        out.setdefault(group, []).extend(keys)
+    return out
 
 
 class RunMonitor:
     """What a user sees while a run goes: a tqdm bar (step, epoch, reward, KL, loss) and the
     records mirrored to TensorBoard / wandb."""
 
-    def __init__(self, run_dir: str, wandb_project: str | None = None):
+    def __init__(self, run_dir: str, progress: dict[str, tuple[str, ...]], wandb_project: str | None = None):
         self.run_dir, self.wandb_project = run_dir, wandb_project
+        self.progress = progress  # label -> the keys it shows, the first present in a record
         self.writer: stats.StatsWriter | None = None
         self.bar = None
 
@@ -65,13 +61,14 @@ class RunMonitor:
         if self.bar is None:
             self.bar = tqdm(total=total_steps, initial=record["step"] - 1, unit="step", dynamic_ncols=True)
         shown = {"epoch": record.get("epoch")}
-        for label, keys in PROGRESS_KEYS.items():
+        for label, keys in self.progress.items():
             value = next((record[k] for k in keys if k in record), None)
             if value is not None:
                 shown[label] = f"{value:.3g}"
         self.bar.set_postfix(shown, refresh=False)
         self.bar.update(1)
         self.writer.write(record["step"], record)
+        self.writer.write_samples(record["step"], record.get(SAMPLES_KEY, []))
 
     def close(self) -> None:
         if self.bar is not None:
@@ -93,6 +90,8 @@ def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
         out.append(f"ray_address={cfg.ray_address}")
     if ":" not in cfg.allocation_mode and cfg.allocation_mode != "manual":
         out.append(f"allocation_mode={cfg.allocation_mode}")
+    if cfg.task:
+        out.append(f"task={cfg.task}")
     if cfg.prerequisite_overrides:
         out.append(f"prerequisite_overrides=[{','.join(cfg.prerequisite_overrides)}]")
     return out
@@ -110,34 +109,45 @@ class Phase:
 def plan_phases(name: str, cfg: CommonExperimentConfig) -> list[Phase]:
     """The phases ``cfg`` builds on that have no final checkpoint yet (each after the ones it
     builds on), then ``cfg``'s own. Every phase's options, paths and runtime config are checked
-    here, before the first of them starts: a mistake is found in seconds, not after an SFT run."""
-    from realrl.apps.quickstart import build_config
-
+    here, before the first of them starts: a mistake is found in seconds, not after an SFT run.
+    On an embedded task, its files are written here (once per seed) and the phases whose
+    checkpoints its recipe reads run first."""
     phases: list[Phase] = []
     planned: set[str] = set()
 
     def visit(name: str, cfg: CommonExperimentConfig, context: str) -> None:
-        checked(context, check_paths, cfg)  # first: before the phases it builds on make the toy task
-        for pre_name, extra in getattr(cfg, "prerequisites", lambda: [])():
+        task = get_task(cfg.task) if cfg.task else None
+        provided = task.provided(name, cfg.fileroot, cfg.seed) if task else {}
+        checked(context, check_paths, cfg, provided)  # before the phases it builds on start
+        for key, pre_name in task.recipe(name).checkpoints.items() if task else ():
+            if key.split(".")[0] in cfg.unused_groups() or _option(cfg, key) != provided[key]:
+                continue  # not read, or the user gave another checkpoint
             where = f"the {pre_name} phase this run builds on"
             try:
-                pre = build_config(
-                    pre_name, _shared_overrides(cfg) + extra + list(cfg.prerequisite_overrides)
-                )
+                pre = build_config(pre_name, _shared_overrides(cfg) + list(cfg.prerequisite_overrides))
             except UserError as e:
                 raise UserError(f"{where} (prerequisite_overrides): {e}") from e
             if pre.run_dir in planned:
                 continue
-            if has_checkpoint(final_checkpoint(pre.fileroot, pre.experiment_name, pre.trial_name, "default")):
+            if has_checkpoint(provided[key]):
                 logger.info("reusing the %s checkpoint under %s", pre_name, pre.run_dir)
                 planned.add(pre.run_dir)
                 continue
             visit(pre_name, pre, where)
+        if task:
+            task.files(cfg.fileroot, cfg.seed)
         planned.add(cfg.run_dir)
         phases.append(Phase(name, cfg, checked(context, cfg.initial_setup)))
 
     visit(name, cfg, "")
     return phases
+
+
+def _option(cfg: Any, key: str) -> Any:
+    """The value of a dotted option key (``actor.path``) of a config dataclass."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def checked(context: str, fn: Callable[..., T], *args: Any) -> T:
@@ -162,7 +172,7 @@ def run_one(
     os.makedirs(exp.run_dir, exist_ok=True)
     draw_graph(build_graph(exp.mfcs), os.path.join(exp.run_dir, "dataflow_graph.png"))
     attempts = 1 + (cfg.recover_retries if cfg.recover_mode == "auto" else 0)
-    monitor = RunMonitor(exp.run_dir, cfg.wandb_project)
+    monitor = RunMonitor(exp.run_dir, dict(type(cfg).PROGRESS), cfg.wandb_project)
     local = {"standby": standby, "warm_next": warm_next} if cfg.mode == "local" else {}
     try:
         for attempt in range(1, attempts + 1):
@@ -202,14 +212,20 @@ def run_quickstart(
     run_dir = cfg.run_dir
     stats_path = os.path.join(run_dir, "stats.jsonl")
     plots = (
-        stats.plot_curves(stats_path, os.path.join(run_dir, "plots"), CURVES)
+        stats.plot_curves(stats_path, os.path.join(run_dir, "plots"), curves_of(type(cfg)))
         if os.path.exists(stats_path)
         else []
     )
     summary: dict = {"experiment": name, "steps": len(records)}
     if records:
         summary.update({k: v for k, v in records[-1].items() if "/" in k and isinstance(v, float)})
-    summary.update(getattr(cfg, "summarize", lambda: {})())
+
+    last_samples = next((r[SAMPLES_KEY] for r in reversed(records) if r.get(SAMPLES_KEY)), None)
+    if last_samples:  # what the policy writes, on any data (a task's summary may show its own)
+        summary[SAMPLES_KEY] = last_samples
+    recipe = get_task(cfg.task).recipe(name) if cfg.task else None
+    if recipe is not None and recipe.summarize is not None:
+        summary.update(recipe.summarize(cfg))
     summary["wall_seconds"] = round(time.time() - start, 1)
     stats.write_summary(run_dir, summary)
     logger.info(

@@ -36,6 +36,11 @@ def atomic_write_json(path: str, obj: object) -> None:
     os.replace(tmp, path)
 
 
+def _cell(value: object) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 class StatsWriter:
     """Mirrors per-step stats to TensorBoard (``run_dir/tensorboard``, when the ``tensorboard``
     package is installed) and to wandb (when asked for and installed). The master worker itself
@@ -70,6 +75,17 @@ class StatsWriter:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(numbers, step=step)
+
+    def write_samples(self, step: int, samples: list[dict]) -> None:
+        """A few prompts, completions and rewards of a step, as TensorBoard text (a markdown table)."""
+        if self._tb is None or not samples:
+            return
+        keys = list(samples[0])
+        rows = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        for s in samples:
+            rows.append("| " + " | ".join(_cell(s.get(k)) for k in keys) + " |")
+        self._tb.add_text("samples", "\n".join(rows), step)
+        self._tb.flush()
 
     def close(self) -> None:
         if self._tb is not None:
@@ -137,12 +153,24 @@ def plot_curves(stats_path: str, out_dir: str, groups: Mapping[str, Iterable[str
 
 
 def format_table(summary: Mapping[str, object]) -> str:
+    """One line per figure; a list of examples (dicts: prompt, completion, reward) one line each."""
     width = max((len(k) for k in summary), default=0)
     lines = []
     for k, v in summary.items():
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            lines.append(k)
+            lines += [f"  {_example(x)}" for x in v]
+            continue
         text = f"{v:.4g}" if isinstance(v, float) else str(v)
         lines.append(f"{k.ljust(width)}  {text}")
     return "\n".join(lines)
+
+
+def _example(example: Mapping[str, object]) -> str:
+    """``prompt => completion  [reward 1.0, ...]`` on one line."""
+    prompt, completion = example.get("prompt", ""), example.get("completion", "")
+    rest = ", ".join(f"{k} {_cell(v)}" for k, v in example.items() if k not in ("prompt", "completion"))
+    return f"{_cell(prompt)!r} => {_cell(completion)!r}" + (f"  [{rest}]" if rest else "")
 
 
 def write_summary(run_dir: str, summary: Mapping[str, object], print_fn=print) -> str:

@@ -1,11 +1,16 @@
 """Layer 3: one file per algorithm, turning its config into a list of MFCDef.
 
-Importing this package registers the quickstart experiments sft, rw, dpo, ppo, grpo and gen.
+Importing this package registers the quickstart experiments sft, rw, dpo, ppo, grpo, rloo,
+reinforce_pp, remax and gen, and the embedded tasks.
 """
 
 import realrl.experiments.dpo  # noqa: F401
 import realrl.experiments.gen  # noqa: F401
 import realrl.experiments.grpo  # noqa: F401
 import realrl.experiments.ppo  # noqa: F401
+import realrl.experiments.reinforce_pp  # noqa: F401
+import realrl.experiments.remax  # noqa: F401
+import realrl.experiments.rloo  # noqa: F401
 import realrl.experiments.rw  # noqa: F401
 import realrl.experiments.sft  # noqa: F401
+import realrl.experiments.tasks  # noqa: F401

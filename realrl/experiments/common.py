@@ -16,6 +16,7 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.allocation import parse_allocation
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
+from realrl.experiments.tasks import get_task
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.modules.attention import ATTN_IMPLS
 
@@ -155,6 +156,7 @@ def experiment_config(
         raise ValueError(f"allocation_mode={common.allocation_mode!r}: {e}") from e
 
 
-def toy_mode(dataset_path: str) -> bool:
-    """No dataset path: the experiment runs on the embedded toy task."""
-    return not dataset_path
+def task_model_config(cfg: CommonExperimentConfig) -> dict[str, Any] | None:
+    """The model config of the embedded task ``cfg`` runs on (None on a user's data): what a model
+    with no checkpoint path starts from, with random weights."""
+    return get_task(cfg.task).model_config() if cfg.task else None

@@ -77,19 +77,29 @@ class PairedComparisonDatasetConfig:
 
 @dataclasses.dataclass
 class PromptOnlyDatasetConfig:
-    """PPO / GRPO / generation data: prompts only."""
+    """PPO / GRPO / generation data: prompts, and the row fields a reward function reads."""
 
     path: str = ""
     valid_path: str = ""
     prompt_key: str = "prompt"
+    # row fields passed to the reward function, per completion, as keyword lists (e.g. [answer]
+    # for a math checker: fn(prompts, completions, answer=[...]))
+    metadata_keys: list[str] = dataclasses.field(default_factory=list)
     max_prompt_len: int = 256
     train_bs_n_seqs: int = 64
 
     def __post_init__(self) -> None:
         check_positive(self, "max_prompt_len", "train_bs_n_seqs")
+        if self.prompt_key in self.metadata_keys:
+            raise ValueError(f"metadata_keys {self.metadata_keys} include the prompt_key {self.prompt_key!r}")
 
     def abstraction(self, path: str) -> DatasetAbstraction:
         return DatasetAbstraction(
             "prompt",
-            {"dataset_path": path, "prompt_key": self.prompt_key, "max_prompt_len": self.max_prompt_len},
+            {
+                "dataset_path": path,
+                "prompt_key": self.prompt_key,
+                "max_prompt_len": self.max_prompt_len,
+                "metadata_keys": list(self.metadata_keys),
+            },
         )

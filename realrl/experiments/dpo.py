@@ -4,16 +4,14 @@ minimises the sigmoid (or IPO) loss against it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 from realrl.api.core.config import ModelInterfaceAbstraction
 from realrl.api.core.dfg import ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
-from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, toy_mode
+from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
 from realrl.experiments.datasets import PairedComparisonDatasetConfig
-from realrl.experiments.toy import ToyLayout
 
 
 @dataclasses.dataclass
@@ -26,13 +24,12 @@ class DPOConfig(CommonExperimentConfig):
     label_smoothing: float = 0.0
     tokenizer_path: str | None = None
 
-    TOY_PRESET: ClassVar[list[str]] = [
-        "exp_ctrl.total_train_epochs=1",
-        "actor.optimizer.lr=1e-4",
-        "dataset.train_bs_n_seqs=64",
-        "dataset.max_seqlen=64",
-        "dataset.max_pairs_per_prompt=1",
-    ]
+    CURVES = {
+        "loss": ["actor_train/loss"],
+        "accuracy": ["actor_train/accuracy"],
+        "pair_reward": ["actor_train/chosen_reward", "actor_train/rejected_reward"],
+    }
+    PROGRESS = {"accuracy": ("actor_train/accuracy",), "loss": ("actor_train/loss",)}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -40,18 +37,10 @@ class DPOConfig(CommonExperimentConfig):
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
 
-    def prerequisites(self) -> list[tuple[str, list[str]]]:
-        return [("sft", [])] if toy_mode(self.dataset.train_path) else []
-
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "dpo"
         train_path, valid_path = self.dataset.train_path, self.dataset.valid_path
         tokenizer, actor_path = self.tokenizer_path, self.actor.path
-        if toy_mode(train_path):
-            toy = ToyLayout(self.fileroot, self.seed)
-            paths = toy.build()
-            train_path, valid_path, tokenizer = paths["rm_train"], paths["rm_valid"], toy.tokenizer
-            actor_path = actor_path or toy.checkpoint("sft", "default")
         ref_path = self.ref.path or actor_path
         tokenizer = tokenizer or actor_path
         actor = dataclasses.replace(self.actor, path=actor_path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import ClassVar
 
 from realrl.api.core.config import ModelInterfaceAbstraction
 from realrl.api.core.dfg import ModelInterfaceType
@@ -12,10 +11,9 @@ from realrl.api.core.model_api import GenerationHyperparameters
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
-from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, toy_mode
+from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
-from realrl.experiments.ppo import ROLLOUT_KEYS
-from realrl.experiments.toy import ToyLayout
+from realrl.impl.interface.ppo_rollout import ROLLOUT_KEYS
 
 
 @dataclasses.dataclass
@@ -26,22 +24,9 @@ class GenerationConfig(CommonExperimentConfig):
     output_file: str | None = None  # default: <run dir>/generations.jsonl
     tokenizer_path: str | None = None
 
-    TOY_PRESET: ClassVar[list[str]] = [
-        "gen.max_new_tokens=13",
-        "dataset.max_prompt_len=16",
-        "dataset.train_bs_n_seqs=64",
-    ]
-
-    def prerequisites(self) -> list[tuple[str, list[str]]]:
-        return [("sft", [])] if toy_mode(self.dataset.path) and not self.model.path else []
-
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "gen"
         prompts, tokenizer, path = self.dataset.path, self.tokenizer_path, self.model.path
-        if toy_mode(prompts):
-            toy = ToyLayout(self.fileroot, self.seed)
-            prompts, tokenizer = toy.build()["ppo_valid"], toy.tokenizer
-            path = path or toy.checkpoint("sft", "default")
         tokenizer = tokenizer or path
         model = dataclasses.replace(self.model, path=path)
         output = self.output_file or os.path.join(self.run_dir, "generations.jsonl")

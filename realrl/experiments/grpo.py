@@ -1,10 +1,9 @@
 """GRPO: PPO's graph without a critic; K answers per prompt, group-normalised advantages, and a
-rule-based or plugin reward (the toy task's default is its hidden sentiment rule)."""
+rule-based or plugin reward. ``ppo_preset=dr_grpo | dapo | gspo`` switch to its relatives."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
 from realrl.experiments.ppo import PPOConfig
@@ -15,30 +14,26 @@ def grpo_hyperparameters() -> PPOHyperparameters:
     return make_ppo_hyperparameters(preset="grpo")
 
 
+def critic_free_checks(config: PPOConfig) -> None:
+    """What every critic-free experiment (GRPO, RLOO, REINFORCE++, ReMax) needs."""
+    name = config.experiment_name or "this experiment"
+    if config.ppo.uses_critic:
+        raise ValueError(
+            f"{name} trains no critic, but ppo.adv_estimator={config.ppo.adv_estimator!r} needs one "
+            "(use the ppo experiment)"
+        )
+    if config.reward_fn is None:
+        raise ValueError(f"{name} needs reward_fn=<registered name | module:function>")
+
+
 @dataclasses.dataclass
 class GRPOConfig(PPOConfig):
     ppo: PPOHyperparameters = dataclasses.field(default_factory=grpo_hyperparameters)
-    reward_fn: str | None = "toy_sentiment"
-
-    TOY_PRESET: ClassVar[list[str]] = [
-        "exp_ctrl.total_train_steps=30",
-        "dataset.train_bs_n_seqs=64",
-        "dataset.max_prompt_len=16",
-        "actor.optimizer.lr=1e-4",
-        "ppo.gen.n=4",
-        "ppo.gen.max_new_tokens=13",
-        "ppo.gen.top_p=1.0",
-        "ppo.gen.top_k=0",
-        "ppo.ppo_n_epochs=4",
-        "ppo.ppo_n_minibatches=4",
-    ]
+    reward_fn: str | None = None  # the sentiment task sets toy_sentiment, the arithmetic task math_answer
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.ppo.adv_estimator != "grpo":
-            raise ValueError("grpo needs ppo.adv_estimator=grpo (use the ppo experiment for GAE)")
-        if self.reward_fn is None:
-            raise ValueError("grpo needs reward_fn=<registered name | module:function>")
+        critic_free_checks(self)
 
     def initial_setup(self):
         self.experiment_name = self.experiment_name or "grpo"

@@ -7,7 +7,7 @@ trained reward model, or any registered reward function / interface (``reward_fn
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, ModelInterfaceAbstraction
 from realrl.api.core.data_api import MicroBatchSpec
@@ -15,72 +15,144 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
-from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, toy_mode
+from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
-from realrl.experiments.toy import ToyLayout, final_checkpoint
+from realrl.impl.interface.ppo_advantages import advantage_inputs, advantage_outputs
 from realrl.impl.interface.ppo_config import PPOHyperparameters
+from realrl.impl.interface.ppo_rollout import ACTOR_TRAIN_KEYS, CRITIC_TRAIN_KEYS, ROLLOUT_KEYS
 
 PPO_DATASET_KEYS = ("packed_prompts",)
-ROLLOUT_KEYS = ("packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eos_mask")
-TRAIN_KEYS = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards", "values")
+# ReMax's greedy rollout and its score go under their own names
+GREEDY_KEYS = {"packed_input_ids": "greedy_input_ids", "prompt_mask": "greedy_prompt_mask"}
+
+
+@dataclasses.dataclass
+class PPOInterfaces:
+    """The interface of each role's calls in a PPO-family graph."""
+
+    actor: ModelInterfaceAbstraction
+    reward: ModelInterfaceAbstraction
+    advantages: ModelInterfaceAbstraction
+    critic: ModelInterfaceAbstraction | None = None  # with a critic (GAE)
+    greedy_actor: ModelInterfaceAbstraction | None = None  # ReMax's baseline rollout
 
 
 def ppo_mfcs(
     n_seqs: int,
-    actor: ModelInterfaceAbstraction | None = None,
-    critic: ModelInterfaceAbstraction | None = None,
-    reward: ModelInterfaceAbstraction | None = None,
+    hp: PPOHyperparameters,
+    ifaces: PPOInterfaces,
     mb_specs: dict[str, MicroBatchSpec] | None = None,
-    use_critic: bool = True,
     reward_inputs: tuple[str, ...] = ("packed_input_ids",),
 ) -> list[MFCDef]:
-    """The PPO graph; without a critic (GRPO) the ``values`` key and both critic calls go.
-    A reward plugin also reads ``prompt_mask`` (``reward_inputs``) to split prompt from answer."""
-    actor = actor or ModelInterfaceAbstraction("ppo_actor")
-    critic = critic or ModelInterfaceAbstraction("ppo_critic")
-    reward = reward or ModelInterfaceAbstraction("paired_rw")
+    """The PPO-family graph, top to bottom:
+
+        actor_gen -> {rew_inf, ref_inf, critic_inf?} -> compute_adv -> {actor_train, critic_train?}
+
+    With ReMax, ``actor_gen_greedy -> rew_inf_greedy`` adds the baseline's greedy answers and
+    their scores; without a critic both critic calls go. A reward plugin also reads
+    ``prompt_mask`` (``reward_inputs``) to split prompt from answer."""
     mb = mb_specs or {}
     gen, inf, train = ModelInterfaceType.GENERATE, ModelInterfaceType.INFERENCE, ModelInterfaceType.TRAIN_STEP
-    train_keys = TRAIN_KEYS if use_critic else tuple(k for k in TRAIN_KEYS if k != "values")
     nodes = [
-        mfc("actor_gen", "actor", gen, actor, n_seqs, ("packed_prompts",), ROLLOUT_KEYS, mb.get("actor_gen")),
-        mfc("rew_inf", "reward", inf, reward, n_seqs, reward_inputs, ("rewards",), mb.get("rew_inf")),
+        mfc(
+            "actor_gen",
+            "actor",
+            gen,
+            ifaces.actor,
+            n_seqs,
+            ("packed_prompts",),
+            ROLLOUT_KEYS,
+            mb.get("actor_gen"),
+        ),
+        mfc("rew_inf", "reward", inf, ifaces.reward, n_seqs, reward_inputs, ("rewards",), mb.get("rew_inf")),
         mfc(
             "ref_inf",
             "ref",
             inf,
-            actor,
+            ifaces.actor,
             n_seqs,
             ("packed_input_ids",),
             ("packed_ref_logprobs",),
             mb.get("ref_inf"),
         ),
-        mfc("actor_train", "actor", train, actor, n_seqs, train_keys, (), mb.get("actor_train"), log=True),
     ]
-    if use_critic:
+    if hp.estimator.needs_baseline:
+        greedy_out = tuple(GREEDY_KEYS[k] for k in reward_inputs)
         nodes += [
+            dataclasses.replace(
+                mfc(
+                    "actor_gen_greedy",
+                    "actor",
+                    gen,
+                    ifaces.greedy_actor,
+                    n_seqs,
+                    ("packed_prompts",),
+                    greedy_out,
+                ),
+                output_key_remap=dict(GREEDY_KEYS),
+            ),
+            dataclasses.replace(
+                mfc(
+                    "rew_inf_greedy", "reward", inf, ifaces.reward, n_seqs, greedy_out, ("baseline_rewards",)
+                ),
+                input_key_remap={v: k for k, v in GREEDY_KEYS.items() if v in greedy_out},
+                output_key_remap={"rewards": "baseline_rewards"},
+            ),
+        ]
+    if hp.uses_critic:
+        nodes.append(
             mfc(
                 "critic_inf",
                 "critic",
                 inf,
-                critic,
+                ifaces.critic,
                 n_seqs,
                 ("packed_input_ids", "seq_no_eos_mask"),
                 ("values",),
                 mb.get("critic_inf"),
+            )
+        )
+    nodes.append(
+        dataclasses.replace(
+            mfc(
+                "compute_adv",
+                "adv",
+                inf,
+                ifaces.advantages,
+                n_seqs,
+                advantage_inputs(hp),
+                advantage_outputs(hp),
             ),
+            whole_batch=True,
+        )
+    )
+    nodes.append(
+        mfc(
+            "actor_train",
+            "actor",
+            train,
+            ifaces.actor,
+            n_seqs,
+            ACTOR_TRAIN_KEYS,
+            (),
+            mb.get("actor_train"),
+            log=True,
+        )
+    )
+    if hp.uses_critic:
+        nodes.append(
             mfc(
                 "critic_train",
                 "critic",
                 train,
-                critic,
+                ifaces.critic,
                 n_seqs,
-                train_keys,
+                CRITIC_TRAIN_KEYS,
                 (),
                 mb.get("critic_train"),
                 log=True,
-            ),
-        ]
+            )
+        )
     return nodes
 
 
@@ -98,24 +170,20 @@ class PPOConfig(CommonExperimentConfig):
     # scale the reward model's score to mean 0 / std 1 on the first (SFT-policy) batch (RM detail 3)
     normalize_reward_on_first_batch: bool = True
     critic_head_init: str = "reward"  # reward | zeros: the head a critic gets when loaded from an LM
-    toy_eval_prompts: int = 800  # held-out prompts the toy task's summary samples
+    toy_eval_prompts: int = 800  # held-out prompts an embedded task's summary samples
     tokenizer_path: str | None = None
 
-    TOY_PRESET: ClassVar[list[str]] = [
-        "exp_ctrl.total_train_steps=30",
-        "dataset.train_bs_n_seqs=256",
-        "dataset.max_prompt_len=16",
-        "actor.optimizer.lr=1e-4",
-        "critic.optimizer.lr=3e-4",
-        "ppo.gen.max_new_tokens=13",
-        "ppo.gen.top_p=1.0",
-        "ppo.gen.top_k=0",
-        "ppo.gen.temperature=1.0",
-        "ppo.kl_ctl=0.1",
-        "ppo.gae_lambda=0.95",
-        "ppo.ppo_n_epochs=4",
-        "ppo.ppo_n_minibatches=4",
-    ]
+    CURVES = {
+        "reward": ["compute_adv/task_reward", "*/eval_task_reward"],
+        "kl": ["compute_adv/ref_kl", "*/eval_ref_kl"],  # the actor's KL to the reference model
+        "loss": ["actor_train/loss", "critic_train/critic_loss"],
+        "length": ["compute_adv/response_length", "*/eval_response_length"],
+    }
+    PROGRESS = {
+        "reward": ("compute_adv/task_reward",),
+        "kl": ("compute_adv/ref_kl",),
+        "loss": ("actor_train/loss",),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -123,10 +191,11 @@ class PPOConfig(CommonExperimentConfig):
         if self.toy_eval_prompts < 1:
             raise ValueError(f"toy_eval_prompts must be >= 1, got {self.toy_eval_prompts}")
 
-    def prerequisites(self) -> list[tuple[str, list[str]]]:
-        if not toy_mode(self.dataset.path):
-            return []
-        return [("sft", []), ("rw", [])] if self.uses_reward_model else [("sft", [])]
+    def unused_groups(self) -> set[str]:
+        """Without a reward model there is no ``rew``, without GAE no ``critic``."""
+        return ({"rew"} if not self.uses_reward_model else set()) | (
+            {"critic"} if not self.uses_critic else set()
+        )
 
     def reward_spec(
         self, tokenizer: str | None, path: str | None
@@ -151,22 +220,22 @@ class PPOConfig(CommonExperimentConfig):
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "ppo"
         prompts, tokenizer = self.dataset.path, self.tokenizer_path
-        actor_path, rew_path = self.actor.path, self.rew.path
-        ref_path, critic_path = self.ref.path, self.critic.path
-        if toy_mode(prompts):
-            toy = ToyLayout(self.fileroot, self.seed)
-            prompts, tokenizer = toy.build()["ppo_train"], toy.tokenizer
-            actor_path = actor_path or toy.checkpoint("sft", "default")
-            if self.uses_reward_model:
-                rew_path = rew_path or toy.checkpoint("rw", "default")
-        ref_path = ref_path or actor_path
-        critic_path = (
-            critic_path or rew_path or actor_path
-        )  # critic from the RM (the toy recipe), else the actor
+        actor_path = self.actor.path
+        rew_path = self.rew.path if self.uses_reward_model else None
+        ref_path = self.ref.path or actor_path
+        critic_path = self.critic.path or rew_path or actor_path  # from the RM when there is one
         tokenizer = tokenizer or actor_path
         ppo = {"ppo": dataclasses.asdict(self.ppo)}
-        actor_iface = ModelInterfaceAbstraction(self._actor_interface(), ppo)
-        critic_iface = ModelInterfaceAbstraction("ppo_critic", ppo)
+        greedy = dataclasses.replace(self.ppo, gen=dataclasses.replace(self.ppo.gen, greedy=True, n=1))
+        ifaces = PPOInterfaces(
+            actor=ModelInterfaceAbstraction(self._actor_interface(), ppo),
+            reward=ModelInterfaceAbstraction("null"),  # set below, with the reward role
+            advantages=ModelInterfaceAbstraction("ppo_advantages", ppo),
+            critic=ModelInterfaceAbstraction("ppo_critic", ppo) if self.uses_critic else None,
+            greedy_actor=ModelInterfaceAbstraction(
+                self._actor_interface(), {"ppo": dataclasses.asdict(greedy)}
+            ),
+        )
         actor = dataclasses.replace(self.actor, path=actor_path)
         ref = dataclasses.replace(self.ref, path=ref_path)
         critic = dataclasses.replace(self.critic, path=critic_path)
@@ -181,7 +250,12 @@ class PPOConfig(CommonExperimentConfig):
             ),
         }
         # after the actor's: with no model path at all, the message names actor.path first
-        models["reward"], reward_iface = self.reward_spec(tokenizer, rew_path)
+        models["reward"], ifaces.reward = self.reward_spec(tokenizer, rew_path)
+        # the advantage computation holds no weights: the tokenizer only (a text truncate_token)
+        models["adv"] = ModelSpec(
+            ModelAbstraction("null", {"tokenizer_path": tokenizer} if tokenizer else {}),
+            ModelBackendAbstraction("null"),
+        )
         if self.uses_critic:
             models["critic"] = ModelSpec(
                 critic.model(
@@ -201,48 +275,8 @@ class PPOConfig(CommonExperimentConfig):
         reward_inputs = (
             ("packed_input_ids",) if self.uses_reward_model else ("packed_input_ids", "prompt_mask")
         )
-        nodes = ppo_mfcs(
-            self.dataset.train_bs_n_seqs,
-            actor_iface,
-            critic_iface,
-            reward_iface,
-            mb_specs,
-            self.uses_critic,
-            reward_inputs,
-        )
+        nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, self.ppo, ifaces, mb_specs, reward_inputs)
         return experiment_config(self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer)
-
-    def summarize(self) -> dict[str, Any]:
-        """On the toy task: held-out true reward of the SFT and the trained policy, the final KL
-        to the reference and the reward model's pair accuracy (the figures README.md reports)."""
-        if not toy_mode(self.dataset.path):
-            return {}
-        from realrl.experiments.toy_eval import evaluate_policy, reward_model_accuracy
-
-        toy = ToyLayout(self.fileroot, self.seed)
-        paths = toy.build()
-        sft = self.ref.path or toy.checkpoint("sft", "default")
-        actor = final_checkpoint(self.fileroot, self.experiment_name, self.trial_name, "actor")
-        gconfig = dataclasses.replace(self.ppo.gen, n=1)
-        n = self.toy_eval_prompts
-        before = evaluate_policy(sft, None, toy.tokenizer, paths["ppo_valid"], gconfig, n, seed=self.seed)
-        after = evaluate_policy(actor, sft, toy.tokenizer, paths["ppo_valid"], gconfig, n, seed=self.seed)
-        rm_accuracy = None
-        if self.uses_reward_model:
-            rm = self.rew.path or toy.checkpoint("rw", "default")
-            rm_accuracy = reward_model_accuracy(rm, toy.tokenizer, paths["rm_valid"], seed=self.seed)
-        return {
-            "sft_true_reward_mean": before.true_reward_mean,
-            "sft_true_reward_std": before.true_reward_std,
-            "true_reward_mean": after.true_reward_mean,
-            "true_reward_std": after.true_reward_std,
-            "gain_in_sft_std": (after.true_reward_mean - before.true_reward_mean)
-            / max(before.true_reward_std, 1e-8),
-            "rm_accuracy": rm_accuracy,
-            "kl": after.kl,
-            "no_eos_fraction": after.no_eos_fraction,
-            "samples": after.samples,
-        }
 
     @property
     def uses_reward_model(self) -> bool:
@@ -251,7 +285,7 @@ class PPOConfig(CommonExperimentConfig):
 
     @property
     def uses_critic(self) -> bool:
-        return self.ppo.adv_estimator == "gae"
+        return self.ppo.uses_critic
 
     def _actor_interface(self) -> str:
         return "ppo_actor"

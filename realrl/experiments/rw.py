@@ -4,16 +4,14 @@ preference pairs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 from realrl.api.core.config import ModelInterfaceAbstraction
 from realrl.api.core.dfg import ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
-from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, toy_mode
+from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
 from realrl.experiments.datasets import PairedComparisonDatasetConfig
-from realrl.experiments.toy import ToyLayout
 
 
 @dataclasses.dataclass
@@ -23,30 +21,17 @@ class RWConfig(CommonExperimentConfig):
     center_rewards_coefficient: float | None = None  # TRL's option: + coef * mean((r_c + r_r)^2)
     tokenizer_path: str | None = None
 
-    TOY_PRESET: ClassVar[list[str]] = [
-        "exp_ctrl.total_train_epochs=2",
-        "model.optimizer.lr=5e-4",
-        "model.optimizer.lr_scheduler_type=cosine",
-        "model.optimizer.warmup_steps_proportion=0.1",
-        "model.optimizer.min_lr_ratio=0.05",
-        "dataset.train_bs_n_seqs=64",
-        "dataset.max_seqlen=64",
-        "dataset.max_pairs_per_prompt=1",
-    ]
-
-    def prerequisites(self) -> list[tuple[str, list[str]]]:
-        """Toy mode starts the reward model from the SFT model."""
-        return [("sft", [])] if toy_mode(self.dataset.train_path) else []
+    CURVES = {
+        "loss": ["rwTrain/loss"],
+        "accuracy": ["rwTrain/accuracy"],
+        "pair_reward": ["rwTrain/chosen_reward", "rwTrain/rejected_reward"],
+    }
+    PROGRESS = {"accuracy": ("rwTrain/accuracy",), "loss": ("rwTrain/loss",)}
 
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "rw"
         train_path, valid_path = self.dataset.train_path, self.dataset.valid_path
         tokenizer, path = self.tokenizer_path, self.model.path
-        if toy_mode(train_path):
-            toy = ToyLayout(self.fileroot, self.seed)
-            paths = toy.build()
-            train_path, valid_path, tokenizer = paths["rm_train"], paths["rm_valid"], toy.tokenizer
-            path = path or toy.checkpoint("sft", "default")
         model_cfg = dataclasses.replace(self.model, path=path)
         tokenizer = tokenizer or path
         model = ModelSpec(

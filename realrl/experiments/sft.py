@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 from realrl.api.core.config import ModelInterfaceAbstraction
 from realrl.api.core.dfg import ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
-from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
+from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc, task_model_config
 from realrl.experiments.datasets import PromptAnswerDatasetConfig
-from realrl.experiments.toy import ToyLayout
 
 
 @dataclasses.dataclass
@@ -21,28 +19,14 @@ class SFTConfig(CommonExperimentConfig):
     dataset: PromptAnswerDatasetConfig = dataclasses.field(default_factory=PromptAnswerDatasetConfig)
     tokenizer_path: str | None = None  # default: model.path
 
-    # applied before the user's overrides when no dataset path is given (the toy recipe's settings)
-    TOY_PRESET: ClassVar[list[str]] = [
-        "exp_ctrl.total_train_epochs=3",
-        "model.optimizer.lr=3e-3",
-        "model.optimizer.lr_scheduler_type=cosine",
-        "model.optimizer.warmup_steps_proportion=0.1",
-        "model.optimizer.min_lr_ratio=0.05",
-        "model.optimizer.weight_decay=0.0",
-        "dataset.train_bs_n_seqs=64",
-        "dataset.max_seqlen=64",
-    ]
+    CURVES = {"loss": ["trainDefault/loss"], "perplexity": ["trainDefault/ppl"]}
+    PROGRESS = {"loss": ("trainDefault/loss",)}
 
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "sft"
         train_path, valid_path = self.dataset.train_path, self.dataset.valid_path
-        tokenizer, default_model = self.tokenizer_path, None
-        if not train_path:
-            toy = ToyLayout(self.fileroot, self.seed)
-            paths = toy.build()
-            train_path, valid_path = paths["sft_train"], paths["sft_valid"]
-            tokenizer, default_model = toy.tokenizer, toy.model_config()
-        tokenizer = tokenizer or self.model.path
+        tokenizer = self.tokenizer_path or self.model.path
+        default_model = task_model_config(self)  # an embedded task's model starts from scratch
         model = ModelSpec(
             self.model.model(
                 is_critic=False, default_config=default_model, tokenizer_path=tokenizer, key="model"

@@ -1,5 +1,6 @@
-"""Held-out evaluation of the toy task: the true reward of a policy, its KL to the reference,
-and the reward model's pair accuracy.
+"""Held-out evaluation on an embedded task: a policy's score under the task's own checker (the
+sentiment task's true reward, the arithmetic task's exact match), its KL to the reference, and a
+reward model's pair accuracy.
 
 Everything goes through the same registered datasets, model factory, inference engine and
 interfaces as a run, on checkpoints read back from disk.
@@ -8,6 +9,7 @@ interfaces as a run, on checkpoints read back from disk.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,19 +35,31 @@ def load_batch(name: str, args: dict, tokenizer, limit: int | None = None, seed:
     return SequenceSample.gather([dataset[i] for i in range(n)])
 
 
+# (prompts, completions, metadata lists) -> one score per completion
+Scorer = Callable[[list[str], list[str], dict[str, list]], list[float]]
+
+
+def true_reward_scorer() -> Scorer:
+    """The sentiment task's hidden true reward."""
+    return lambda prompts, completions, metadata: toy_sentiment_reward(prompts, completions)
+
+
 @dataclasses.dataclass
 class PolicyEvaluation:
-    true_reward_mean: float
-    true_reward_std: float
+    reward_mean: float
+    reward_std: float
     kl: float | None  # mean over sequences of the summed per-token KL(pi || pi_ref), nats
     no_eos_fraction: float
-    samples: list[str]
+    samples: list[dict]  # a few held-out prompts, answers and their scores
 
 
-def _completions(gen, tokenizer) -> list[str]:
+def _texts(gen, tokenizer) -> tuple[list[str], list[str]]:
+    """(prompts, completions) of a generation, decoded."""
     seqs = torch.split(gen.sequences, gen.seqlens)
+    prompts = [s[:p].tolist() for s, p in zip(seqs, gen.prompt_lens)]
     answers = [s[p:].tolist() for s, p in zip(seqs, gen.prompt_lens)]
-    return tokenizer.batch_decode(answers, skip_special_tokens=True)
+    decode = tokenizer.batch_decode
+    return decode(prompts, skip_special_tokens=True), decode(answers, skip_special_tokens=True)
 
 
 def _sequence_kl(policy: Model, ref: Model, gen) -> torch.Tensor:
@@ -75,26 +89,33 @@ def evaluate_policy(
     tokenizer_path: str,
     prompts_path: str,
     gconfig: GenerationHyperparameters,
+    score: Scorer,
     n_prompts: int = 800,
     seed: int = 1,
+    metadata_keys: tuple[str, ...] = (),
 ) -> PolicyEvaluation:
-    """Sample one answer per held-out prompt and score it with the hidden true reward."""
+    """Sample one answer per held-out prompt and score it with ``score`` (the rows'
+    ``metadata_keys`` fields, such as a reference answer, reach it as lists)."""
     policy = load_for_inference(policy_path, tokenizer_path)
     tok = policy.tokenizer
-    prompts = load_batch("prompt", {"dataset_path": prompts_path}, tok, n_prompts, seed)
+    args = {"dataset_path": prompts_path, "metadata_keys": list(metadata_keys)}
+    prompts = load_batch("prompt", args, tok, n_prompts, seed)
     torch.manual_seed(seed)
     gen = policy.module.generate(prompts, EVAL_MB, tok, dataclasses.replace(gconfig, n=1))
-    completions = _completions(gen, tok)
-    rewards = np.array(toy_sentiment_reward([""] * len(completions), completions))
+    prompt_texts, completions = _texts(gen, tok)
+    rewards = np.array(score(prompt_texts, completions, {k: list(v) for k, v in prompts.metadata.items()}))
     kl = None
     if ref_path is not None:
         kl = float(_sequence_kl(policy, load_for_inference(ref_path, tokenizer_path), gen).mean())
     return PolicyEvaluation(
-        true_reward_mean=float(rewards.mean()),
-        true_reward_std=float(rewards.std()),
+        reward_mean=float(rewards.mean()),
+        reward_std=float(rewards.std()),
         kl=kl,
         no_eos_fraction=float(gen.no_eos.float().mean()),
-        samples=completions[:5],
+        samples=[
+            {"prompt": p, "completion": c, "reward": round(float(r), 4)}
+            for p, c, r in zip(prompt_texts[:5], completions[:5], rewards[:5])
+        ],
     )
 
 

@@ -1,5 +1,5 @@
-"""One model function call as the master runs it: post it (split over dp ranks, plan the moves),
-then finish it (wait for the replies, record the outputs). Every worker of a data-parallel
+"""One model function call as the master runs it (``CallDispatcher``): post it (split over dp
+ranks, plan the moves), then finish it (wait for the replies, record the outputs). Every worker of a data-parallel
 replica (its tensor-parallel ranks) runs the call on the same share and produces the same
 outputs; each keeps a copy, and the replica's first worker reports the statistics. The master may post a call before
 finishing the previous one (``MasterWorker._run_mfc``).
@@ -46,6 +46,7 @@ class CallResult:
     seconds: float
     n_tokens: int
     realloc: ReallocResult | None = None
+    samples: list[dict] | None = None  # decoded examples the call reported (dp ranks' in order)
 
 
 class TagCounter:
@@ -71,45 +72,82 @@ class PostedCall:
     realloc: ReallocOrder | None = None
 
 
-def post_call(
-    mfc: MFCDef,
-    step: int,
-    ids: list[Hashable],
-    replicas: list[list[int]],
-    buffer: SampleBuffer,
-    stream: MasterStream,
-    tags: TagCounter,
-    copy: CopyPlan | None = None,
-) -> PostedCall:
-    """Post ``mfc`` on ``ids`` (already taken from the buffer) to every worker of each of its dp
-    ranks (``replicas[d]``), in one synchronous burst; nothing is awaited. ``copy``: the call
-    runs on a copy of its model, filled from home first when ``copy.realloc``."""
-    tik = time.monotonic()
-    meta = buffer.gather_meta(ids, mfc.input_keys)
-    parts = meta.split(MicroBatchSpec(n_mbs=len(replicas)))  # token-balanced, contiguous
-    requests: dict[int, MFCRequest] = {}
-    order = None
-    if copy is not None and copy.realloc:
-        order = ReallocOrder(copy.role, copy.home, copy.placement, tags.next)
-        tags.take(order.n_tags)
-        for w in order.workers:
-            requests[w] = MFCRequest([], realloc=order)
-    for dp_rank, (workers, part) in enumerate(zip(replicas, parts)):
-        for w in workers:
-            pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
-            tags.take(len(pieces))
-            for p in pieces:
-                requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
-            requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
-            requests[w].call = MFCCall(
-                mfc.name, step, dp_rank, part, copy and copy.name, bool(copy and copy.drop)
-            )
-    futures = {
-        w: stream.post(model_worker_name(w), "mfc", req, _describe(mfc, step, req))
-        for w, req in sorted(requests.items())
-    }
-    n_tokens = sum(meta.token_counts())
-    return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, n_tokens, tik, order)
+class CallDispatcher:
+    """Posts model function calls and collects their results: the master's buffer of sample
+    metadata, its stream to the workers and its transfer tags, owned in one place."""
+
+    def __init__(self, buffer: SampleBuffer, stream: MasterStream, timeout: float):
+        self.buffer, self.stream, self.timeout = buffer, stream, timeout
+        self.tags = TagCounter()
+
+    def post(
+        self,
+        mfc: MFCDef,
+        step: int,
+        ids: list[Hashable],
+        replicas: list[list[int]],
+        copy: CopyPlan | None = None,
+    ) -> PostedCall:
+        """Post ``mfc`` on ``ids`` (already taken from the buffer) to every worker of each of its dp
+        ranks (``replicas[d]``), in one synchronous burst; nothing is awaited. ``copy``: the call
+        runs on a copy of its model, filled from home first when ``copy.realloc``."""
+        tik = time.monotonic()
+        buffer, tags = self.buffer, self.tags
+        meta = buffer.gather_meta(ids, mfc.input_keys)
+        parts = meta.split(MicroBatchSpec(n_mbs=len(replicas)))  # token-balanced, contiguous
+        requests: dict[int, MFCRequest] = {}
+        order = None
+        if copy is not None and copy.realloc:
+            order = ReallocOrder(copy.role, copy.home, copy.placement, tags.next)
+            tags.take(order.n_tags)
+            for w in order.workers:
+                requests[w] = MFCRequest([], realloc=order)
+        for dp_rank, (workers, part) in enumerate(zip(replicas, parts)):
+            for w in workers:
+                pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
+                tags.take(len(pieces))
+                for p in pieces:
+                    requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
+                requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
+                requests[w].call = MFCCall(
+                    mfc.name, step, dp_rank, part, copy and copy.name, bool(copy and copy.drop)
+                )
+        futures = {
+            w: self.stream.post(model_worker_name(w), "mfc", req, _describe(mfc, step, req))
+            for w, req in sorted(requests.items())
+        }
+        n_tokens = sum(meta.token_counts())
+        return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, n_tokens, tik, order)
+
+    async def finish(self, mfc: MFCDef, posted: PostedCall) -> CallResult:
+        """Wait for a posted call's replies and put its outputs in the buffer."""
+        buffer = self.buffer
+        replies: dict[int, MFCReply] = await wait_replies(
+            posted.futures, model_worker_name, f"mfc {mfc.name}", self.timeout
+        )
+        stats: dict[str, list[float]] = {}
+        samples: list[dict] = []
+        # the workers' own time on the call: a call posted early also waits behind the previous one
+        worker_seconds = [r.seconds for r in replies.values() if r.seconds is not None]
+        for workers, part in zip(posted.replicas, posted.parts):
+            for w in workers:
+                buffer.add_owner(part.ids, mfc.input_keys, w)  # it now holds copies of what it received
+            head, reply = workers[0], replies[workers[0]]
+            if reply.meta is not None:
+                buffer.update(reply.meta, owner=head)
+                for w in workers[1:]:  # its tensor-parallel ranks hold the same outputs
+                    buffer.add_owner(reply.meta.ids, reply.meta.keys, w)
+            for k, v in (reply.stats or {}).items():
+                stats.setdefault(k, []).append(v)
+            samples += reply.samples or []
+        return CallResult(
+            ids=posted.ids,
+            stats={k: sum(v) / len(v) for k, v in stats.items()},  # mean over dp ranks
+            seconds=max(worker_seconds) if worker_seconds else time.monotonic() - posted.tik,
+            n_tokens=posted.n_tokens,
+            realloc=_realloc_result(posted.realloc, replies),
+            samples=samples or None,
+        )
 
 
 def _describe(mfc: MFCDef, step: int, req: MFCRequest) -> str:
@@ -118,33 +156,6 @@ def _describe(mfc: MFCDef, step: int, req: MFCRequest) -> str:
     if req.realloc is not None:
         what += f", after reallocating {req.realloc.role!r} {req.realloc.src} -> {req.realloc.dst}"
     return what
-
-
-async def finish_call(mfc: MFCDef, posted: PostedCall, buffer: SampleBuffer, timeout: float) -> CallResult:
-    """Wait for a posted call's replies and put its outputs in the buffer."""
-    replies: dict[int, MFCReply] = await wait_replies(
-        posted.futures, model_worker_name, f"mfc {mfc.name}", timeout
-    )
-    stats: dict[str, list[float]] = {}
-    # the workers' own time on the call: a call posted early also waits behind the previous one
-    worker_seconds = [r.seconds for r in replies.values() if r.seconds is not None]
-    for workers, part in zip(posted.replicas, posted.parts):
-        for w in workers:
-            buffer.add_owner(part.ids, mfc.input_keys, w)  # it now holds copies of what it received
-        head, reply = workers[0], replies[workers[0]]
-        if reply.meta is not None:
-            buffer.update(reply.meta, owner=head)
-            for w in workers[1:]:  # its tensor-parallel ranks hold the same outputs
-                buffer.add_owner(reply.meta.ids, reply.meta.keys, w)
-        for k, v in (reply.stats or {}).items():
-            stats.setdefault(k, []).append(v)
-    return CallResult(
-        ids=posted.ids,
-        stats={k: sum(v) / len(v) for k, v in stats.items()},  # mean over dp ranks
-        seconds=max(worker_seconds) if worker_seconds else time.monotonic() - posted.tik,
-        n_tokens=posted.n_tokens,
-        realloc=_realloc_result(posted.realloc, replies),
-    )
 
 
 def _realloc_result(order: ReallocOrder | None, replies: dict[int, MFCReply]) -> ReallocResult | None:

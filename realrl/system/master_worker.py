@@ -16,21 +16,13 @@ import time
 from collections.abc import Callable
 
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
-from realrl.api.core.model_api import FinetuneSpec
+from realrl.api.core.model_api import SAMPLES_KEY, FinetuneSpec
 from realrl.api.core.system_api import ExperimentConfig, model_worker_name
 from realrl.base import logging
 from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyTracker
-from realrl.system.function_call import (
-    CallResult,
-    PostedCall,
-    TagCounter,
-    finish_call,
-    post_all,
-    post_call,
-    run_guarded,
-)
+from realrl.system.function_call import CallDispatcher, CallResult, PostedCall, post_all, run_guarded
 from realrl.system.protocol import (
     EvaluateRequest,
     FetchRequest,
@@ -40,6 +32,7 @@ from realrl.system.protocol import (
     SetupRequest,
 )
 from realrl.system.request_reply_stream import MasterStream, WorkerLostError, wait_replies
+from realrl.system.schedule import Schedule
 
 logger = logging.getLogger("master_worker")
 
@@ -85,7 +78,7 @@ class MasterWorker:
         self.worker_names = [model_worker_name(w) for w in self.workers]
         self.buffer = SampleBuffer(m.name for m in config.mfcs)
         self.progress = Progress([m.name for m in config.mfcs])
-        self.tags = TagCounter()
+        self.calls = CallDispatcher(self.buffer, stream, config.timeouts.request)
         self.copies = CopyTracker(config)
         self.records: dict[int, dict] = {}
         self.stats: list[dict] = []  # one finished record per step, in order
@@ -98,6 +91,8 @@ class MasterWorker:
         self.recover_saved: dict[int, set[str]] = {}  # step -> parts saved (trained roles' MFCs, state_mfcs)
         self.recover_ready: list[int] = []  # every part saved, waiting for their steps' records
         self.stats_path = os.path.join(config.run_dir, "stats.jsonl")
+        # a few decoded prompts, completions and rewards per step, one line per step
+        self.samples_path = os.path.join(config.run_dir, "samples.jsonl")
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -201,13 +196,20 @@ class MasterWorker:
         checkpointing.require_parts(self.config.run_dir, step, sorted(self.trained), files)
 
     def _trim_stats(self) -> None:
-        """Keep the records of the steps already done (a resumed run continues the file)."""
-        kept = []
-        if self.start_step and os.path.exists(self.stats_path):
-            with open(self.stats_path) as f:
-                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= self.start_step]
-        with open(self.stats_path, "w") as f:
-            f.writelines(kept)
+        """Keep the records (and samples) of the steps already done: a resumed run continues the
+        files."""
+        for path in (self.stats_path, self.samples_path):
+            kept = []
+            if self.start_step and os.path.exists(path):
+                with open(path) as f:
+                    kept = [
+                        line for line in f if line.strip() and json.loads(line)["step"] <= self.start_step
+                    ]
+            if kept or path == self.stats_path:
+                with open(path, "w") as f:
+                    f.writelines(kept)
+            elif os.path.exists(path):
+                os.remove(path)
 
     def _per_rank_counts(self, dp_size: int) -> list[int]:
         n = self.config.batch_size
@@ -295,7 +297,7 @@ class MasterWorker:
                 await self.progress.wait_for(lambda s=step: self._version_ready(mfc, s, trains))
                 ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
             copy = self.copies.plan(mfc)
-            posted = post_call(mfc, step, ids, replicas, self.buffer, self.stream, self.tags, copy)
+            posted = self.calls.post(mfc, step, ids, replicas, copy)
             if pending is not None:
                 await self._finish(mfc, *pending, clears)
             pending = (step, posted)
@@ -333,41 +335,35 @@ class MasterWorker:
             await asyncio.wait([self.buffer.next_change(), *replies], return_when=asyncio.FIRST_COMPLETED)
         return None
 
-    def _recover_due(self, steps_done: int) -> bool:
-        """Whether a recover point holds the state after ``steps_done`` steps (none without a
-        trained model: there is nothing to resume)."""
-        freq = self.config.ckpt_freq_steps
-        return bool(freq and self.trained) and (steps_done % freq == 0 or steps_done == self.total_steps)
+    @property
+    def schedule(self) -> Schedule:
+        cfg = self.config
+        return Schedule(
+            self.total_steps,
+            cfg.eval_freq_steps,
+            cfg.save_freq_steps,
+            cfg.ckpt_freq_steps,
+            evaluates=bool(cfg.eval_datasets),
+            trains=bool(self.trained),
+        )
 
     def _boundary_after(self, mfc: MFCDef, step: int) -> bool:
         """Whether an evaluation or a checkpoint of ``mfc``'s model (or interface state) follows
         its call at ``step``."""
         if mfc in self.state_mfcs:
-            return self._recover_due(step + 1)
-        if self.trained.get(mfc.role) != mfc.name:
-            return False
-        cfg, done = self.config, step + 1
-
-        def due(freq: int | None) -> bool:
-            return bool(freq) and done % freq == 0
-
-        return (
-            done == self.total_steps
-            or (bool(cfg.eval_datasets) and due(cfg.eval_freq_steps))
-            or due(cfg.save_freq_steps)
-            or due(cfg.ckpt_freq_steps)
-        )
+            return self.schedule.recover_due(step + 1)
+        return self.trained.get(mfc.role) == mfc.name and self.schedule.any_due(step + 1)
 
     async def _finish(self, mfc: MFCDef, step: int, posted: PostedCall, clears: list[dict]) -> None:
         """Wait for the call's replies, then what follows it: evaluation and checkpoints of a
         trained model, freeing samples every MFC is done with (not waited for: the clear
         requests' replies are checked as they come and at the end), the step's record."""
         cfg = self.config
-        result = await finish_call(mfc, posted, self.buffer, cfg.timeouts.request)
+        result = await self.calls.finish(mfc, posted)
         if self.trained.get(mfc.role) == mfc.name:
             await self._evaluate(mfc, step)
             await self._save(mfc, step + 1)
-        elif mfc in self.state_mfcs and self._recover_due(step + 1):
+        elif mfc in self.state_mfcs and self.schedule.recover_due(step + 1):
             await self._save_state(mfc, step + 1)
         done = self.buffer.finish(mfc.name, result.ids)
         if done:
@@ -377,6 +373,8 @@ class MasterWorker:
         record = self.records[step]
         record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
         record["timing"][mfc.name] = round(result.seconds, 4)
+        if result.samples:
+            record.setdefault(SAMPLES_KEY, []).extend(result.samples)
         _record_realloc(record, mfc.role, result)
         self.progress.calls_done[mfc.name] += 1
         self._maybe_finish_step(step)
@@ -385,10 +383,7 @@ class MasterWorker:
     async def _evaluate(self, mfc: MFCDef, step: int) -> None:
         """Evaluate ``mfc``'s model on every dp rank's shard; the mean goes into this step's record."""
         cfg = self.config
-        last = step + 1 == self.total_steps
-        if not cfg.eval_datasets or not (
-            last or (cfg.eval_freq_steps and (step + 1) % cfg.eval_freq_steps == 0)
-        ):
+        if not self.schedule.eval_due(step + 1):
             return
         placement = cfg.placement(mfc.role)
         req = EvaluateRequest(mfc.role, mfc.name)
@@ -407,12 +402,12 @@ class MasterWorker:
         go before that model's next call, so they hold exactly ``steps_done`` updates."""
         cfg, role = self.config, mfc.role
         workers = cfg.allocations[role]
-        last = steps_done == self.total_steps
-        if last or (cfg.save_freq_steps and steps_done % cfg.save_freq_steps == 0):
+        if self.schedule.save_due(steps_done):
+            last = steps_done == self.total_steps
             path = checkpointing.hf_dir(cfg.run_dir, role, None if last else steps_done)
             req = SaveRequest(role, "hf", path, mfc.name)  # a sharded model gathers on every rank
             await post_all(self.stream, dict.fromkeys(workers, req), "save", cfg.timeouts.request)
-        if self._recover_due(steps_done):
+        if self.schedule.recover_due(steps_done):
             path = checkpointing.recover_dir(cfg.run_dir, steps_done, role)
             req = SaveRequest(role, "recover", path, mfc.name, steps_done)
             await post_all(self.stream, dict.fromkeys(workers, req), "save", cfg.timeouts.request)
@@ -458,8 +453,12 @@ class MasterWorker:
             record = self.records.pop(done)
             record["time"] = time.time()
             self.stats.append(record)
+            samples = record.get(SAMPLES_KEY)
             with open(self.stats_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps({k: v for k, v in record.items() if k != SAMPLES_KEY}) + "\n")
+            if samples:
+                with open(self.samples_path, "a") as f:
+                    f.write(json.dumps({"step": record["step"], SAMPLES_KEY: samples}) + "\n")
             logger.info("step %d/%d done: %s", done + 1, self.total_steps, _brief(record))
             self.on_step(record, self.total_steps)
             self.progress.steps_done += 1

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import importlib.util
 import os
-import sys
 import time
 import zlib
 
@@ -22,8 +20,9 @@ from realrl.api.core import data_api, model_api
 from realrl.api.core.config import ModelBackendAbstraction
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
+from realrl.api.core.model_api import SAMPLES_KEY
 from realrl.api.core.system_api import ModelWorkerConfig
-from realrl.base import host_memory, logging, network, seeding
+from realrl.base import host_memory, logging, network, plugins, seeding
 from realrl.base.failpoints import Failpoints
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.impl.model.backend import dp, integrity
@@ -52,22 +51,11 @@ logger = logging.getLogger("model_worker")
 
 
 def import_plugins(modules: list[str]) -> None:
-    """Import ``realrl.impl`` and the user's plugin modules (dotted names or ``.py`` paths)."""
+    """Import ``realrl.impl``, the installed packages' plugins and the user's modules (dotted
+    names or ``.py`` paths)."""
     importlib.import_module("realrl.impl")
-    for mod in modules:
-        if mod.endswith(".py"):
-            path = os.path.abspath(mod)
-            name = "realrl_plugin_" + os.path.splitext(os.path.basename(path))[0]
-            if name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot import plugin file {path}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        else:
-            importlib.import_module(mod)
+    plugins.load_entry_points()
+    plugins.import_modules(modules)
 
 
 class ShardLoader:
@@ -363,7 +351,13 @@ class ModelWorker(WorkerBase):
             raise ValueError(
                 f"MFC {mfc.name!r}: the runtime does not schedule {mfc.interface_type.value} calls"
             )
-        return MFCReply(meta=self._keep_outputs(mfc, data, out))
+        stats, samples = None, None
+        if isinstance(out, tuple):  # (outputs, statistics of the call): both are reported
+            out, stats = out
+            stats = dict(stats)
+            samples = stats.pop(SAMPLES_KEY, None)
+            stats = _float_stats(stats, mfc.name)
+        return MFCReply(meta=self._keep_outputs(mfc, data, out), stats=stats, samples=samples)
 
     def _keep_outputs(
         self, mfc: MFCDef, data: SequenceSample, out: SequenceSample | None
@@ -402,7 +396,7 @@ def _float_stats(stats, mfc_name: str) -> dict[str, float]:
         return {}
     if not isinstance(stats, dict):
         raise TypeError(
-            f"MFC {mfc_name!r}: train_step returned {type(stats).__name__}, expected a dict of stats"
+            f"MFC {mfc_name!r}: the interface returned stats of type {type(stats).__name__}, expected a dict"
         )
     out = {}
     for k, v in stats.items():

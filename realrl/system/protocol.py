@@ -126,5 +126,6 @@ class MFCRequest:
 class MFCReply:
     meta: SequenceSample | None = None  # produced keys (graph names), metadata only
     stats: dict[str, float] | None = None
+    samples: list[dict] | None = None  # a few decoded prompts, completions and rewards
     seconds: float | None = None  # the worker's own time on the call (transfers + compute)
     realloc: dict[str, float] | None = None  # bytes_sent, bytes_received, seconds of its reallocation

@@ -9,7 +9,7 @@ import pytest
 
 from realrl.api.core.dfg import MFCDef, build_graph, draw_graph
 from realrl.api.core.dfg_layout import DATASET, GraphLayout, layout_graph
-from realrl.apps.quickstart import build_config
+from realrl.apps.configs import build_config
 
 EXPERIMENTS = ("ppo", "grpo", "sft", "rw", "dpo", "gen")
 

@@ -68,6 +68,9 @@ def test_interface_registry_and_unsupported_calls():
 
 def test_backend_model_and_reward_registries():
     class NullBackend:
+        def __init__(self, *, parallel=None):  # the contract: every backend takes ``parallel``
+            self.parallel = parallel
+
         def initialize(self, model, ft_spec):
             return model
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from realrl.apps import run as run_mod
-from realrl.apps.quickstart import build_config
+from realrl.apps.configs import build_config
 from realrl.apps.run import run_quickstart
 from realrl.base import stats
 
@@ -69,7 +69,9 @@ def test_sft_then_rw_reuse_and_save(fileroot):
     assert_run_outputs(cfg.run_dir)
     assert 0.0 <= summary["rwTrain/eval_accuracy"] <= 1.0
     rows = stats.read_stats(os.path.join(cfg.run_dir, "stats.jsonl"))
-    assert "rwTrain/eval_accuracy" in stats.curve_keys(rows, run_mod.CURVES["accuracy"])  # drawn
+    assert "rwTrain/eval_accuracy" in stats.curve_keys(
+        rows, run_mod.curves_of(type(cfg))["accuracy"]
+    )  # drawn
     assert {"loss.png", "accuracy.png"} <= set(os.listdir(os.path.join(cfg.run_dir, "plots")))
     assert os.path.isfile(
         os.path.join(cfg.run_dir, "checkpoints", "default", "final", "reward_normalization.json")
@@ -82,7 +84,7 @@ def test_ppo_default_writes_the_toy_summary(fileroot):
     for key in TOY_SUMMARY_KEYS:
         assert on_disk[key] is not None, key
     assert on_disk["kl"] >= 0 and 0 <= on_disk["rm_accuracy"] <= 1
-    assert "actor_train/task_reward" in on_disk and "critic_train/critic_loss" in on_disk
+    assert "compute_adv/task_reward" in on_disk and "critic_train/critic_loss" in on_disk
     plots = set(os.listdir(os.path.join(cfg.run_dir, "plots")))
     assert {"reward.png", "kl.png", "loss.png"} <= plots, plots  # the README's reward, KL and loss
 
@@ -183,7 +185,7 @@ def test_my_ppo_example_swaps_the_reward_interface(fileroot):
     rew = next(m for m in exp.mfcs if m.name == "rew_inf")
     assert rew.interface_impl.type_ == "sentiment_scoring" and exp.models["reward"].model.type_ == "null"
     assert_run_outputs(cfg.run_dir)
-    assert "actor_train/task_reward" in summary
+    assert "compute_adv/task_reward" in summary
 
 
 def _final_params(run_dir):

@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from realrl.api.core.dfg import build_graph
+from realrl.apps.configs import build_config, chosen_task, preset_overrides
 from realrl.apps.errors import UserError
-from realrl.apps.quickstart import build_config, preset_overrides, standby_count, toy_overrides
+from realrl.apps.quickstart import standby_count
 
 
 def cli(*args, timeout=120):
@@ -88,7 +89,7 @@ def test_cfg_job_prints_resolved_config_with_toy_preset_and_user_precedence(tmp_
     out = cli("ppo", f"fileroot={tmp_path}", "actor.optimizer.lr=0.5", "--cfg", "job")
     assert out.returncode == 0, out.stderr
     assert "lr: 0.5" in out.stdout  # the user's value beats the toy preset's 1e-4
-    assert "trial_name: toy-seed${seed}" in out.stdout
+    assert "trial_name: toy-seed1" in out.stdout
     assert "max_new_tokens: 13" in out.stdout
 
 
@@ -101,9 +102,10 @@ def test_presets_expand_before_user_overrides():
 
 
 def test_toy_preset_only_without_a_dataset_path():
-    from realrl.experiments.ppo import PPOConfig
-
-    assert toy_overrides(PPOConfig, []) and not toy_overrides(PPOConfig, ["dataset.path=/data/p.jsonl"])
+    assert (
+        chosen_task("ppo", []).name == "sentiment"
+        and chosen_task("ppo", ["dataset.path=/data/p.jsonl"]) is None
+    )
     cfg = build_config("ppo", ["dataset.path=/data/p.jsonl", "actor.path=/m"])
     assert cfg.trial_name == "default" and cfg.actor.optimizer.lr == 1e-5
 

@@ -1,8 +1,10 @@
 import json
 import os
 
-from realrl.apps.run import CURVES, RunMonitor
+from realrl.apps.run import RunMonitor, curves_of
 from realrl.base import stats
+from realrl.experiments.ppo import PPOConfig
+from realrl.experiments.sft import SFTConfig
 
 
 def test_plot_curves_and_summary(tmp_path, capsys):
@@ -35,7 +37,7 @@ def test_curve_keys_take_patterns_and_numbers_only():
 def test_curves_table_draws_kl_and_evaluations(tmp_path):
     """A PPO run's records give reward, KL and loss plots; an SFT run's its evaluation loss too."""
     ppo = [
-        {"step": i, "actor_train/task_reward": 0.1 * i, "actor_train/ref_kl": 0.2 * i}
+        {"step": i, "compute_adv/task_reward": 0.1 * i, "compute_adv/ref_kl": 0.2 * i}
         | {"actor_train/loss": -0.02, "critic_train/critic_loss": 5.0 / i, "timing": {}}
         for i in range(1, 4)
     ]
@@ -43,26 +45,27 @@ def test_curves_table_draws_kl_and_evaluations(tmp_path):
     sft[-1] |= {"trainDefault/eval_loss": 1.2, "trainDefault/eval_ppl": 3.3, "trainDefault/eval_n_tokens": 9}
     for name, rows in (("ppo", ppo), ("sft", sft)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    written = stats.plot_curves(str(tmp_path / "ppo.jsonl"), str(tmp_path / "ppo"), CURVES)
+    ppo_curves, sft_curves = curves_of(PPOConfig), curves_of(SFTConfig)
+    written = stats.plot_curves(str(tmp_path / "ppo.jsonl"), str(tmp_path / "ppo"), ppo_curves)
     assert [os.path.basename(p) for p in written] == ["reward.png", "kl.png", "loss.png"]
-    assert stats.curve_keys(ppo, CURVES["kl"]) == ["actor_train/ref_kl"]
-    assert stats.curve_keys(sft, CURVES["loss"]) == ["trainDefault/loss", "trainDefault/eval_loss"]
-    assert stats.curve_keys(sft, CURVES["perplexity"]) == ["trainDefault/eval_ppl"]
-    written = stats.plot_curves(str(tmp_path / "sft.jsonl"), str(tmp_path / "sft"), CURVES)
+    assert stats.curve_keys(ppo, ppo_curves["kl"]) == ["compute_adv/ref_kl"]
+    assert stats.curve_keys(sft, sft_curves["loss"]) == ["trainDefault/loss", "trainDefault/eval_loss"]
+    assert stats.curve_keys(sft, sft_curves["perplexity"]) == ["trainDefault/eval_ppl"]
+    written = stats.plot_curves(str(tmp_path / "sft.jsonl"), str(tmp_path / "sft"), sft_curves)
     assert [os.path.basename(p) for p in written] == ["loss.png", "perplexity.png"]
 
 
 def test_run_monitor_mirrors_records_to_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    monitor = RunMonitor(str(tmp_path))
+    monitor = RunMonitor(str(tmp_path), dict(PPOConfig.PROGRESS))
     for step in (1, 2, 3):
-        monitor({"step": step, "epoch": 1, "actor_train/task_reward": float(step), "timing": {}}, 3)
+        monitor({"step": step, "epoch": 1, "compute_adv/task_reward": float(step), "timing": {}}, 3)
     assert monitor.bar.n == 3
     monitor.close()
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
-    assert [e.value for e in events.Scalars("actor_train/task_reward")] == [1.0, 2.0, 3.0]
+    assert [e.value for e in events.Scalars("compute_adv/task_reward")] == [1.0, 2.0, 3.0]
 
 
 def test_finite_numbers_only():

@@ -20,8 +20,8 @@ import safetensors.torch
 import torch
 
 from realrl.api.core.model_api import Model
+from realrl.apps.configs import build_config
 from realrl.apps.main import ExperimentFailedError
-from realrl.apps.quickstart import build_config
 from realrl.apps.run import run_quickstart
 from realrl.impl.interface.common import save_model
 from realrl.impl.interface.rw_interface import PairedRewardInterface

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import Model
-from realrl.apps.quickstart import build_config
+from realrl.apps.configs import build_config
 from realrl.apps.run import run_quickstart
 from realrl.base.network import find_free_port
 from realrl.impl.interface.rw_interface import PairedRewardInterface

@@ -20,8 +20,9 @@ from system_graphs import single_call_config
 from realrl.api.core.config import DatasetAbstraction
 from realrl.api.core.data_api import load_hf_tokenizer, make_dataset
 from realrl.api.quickstart.entrypoint import get_quickstart_exp
+from realrl.apps.configs import register_everything
 from realrl.apps.errors import UserError, data_error_message
-from realrl.apps.quickstart import _register_everything, prepare
+from realrl.apps.quickstart import prepare
 from realrl.impl.dataset.errors import DataError
 from realrl.impl.dataset.toy.vocab import ToyVocab
 from realrl.system.request_reply_stream import WorkerError
@@ -128,7 +129,7 @@ unknown_key = st.one_of(
 @fuzz(150)
 @given(st.sampled_from(EXPERIMENTS), st.data())
 def test_fuzzed_options_are_taken_or_refused_by_name(workdir, name, data):
-    _register_everything()
+    register_everything()
     keys = [k for k in leaf_keys(get_quickstart_exp(name)) if k != "fileroot"]  # writes nowhere else
     overrides = []
     for _ in range(data.draw(st.integers(1, 3))):

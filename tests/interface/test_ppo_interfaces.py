@@ -1,18 +1,20 @@
-"""ppo_actor, ppo_critic, grpo_actor and generation on tiny ReaLModels behind the real engines."""
+"""ppo_actor, ppo_critic, ppo_advantages, grpo_actor and generation on tiny ReaLModels behind the
+real engines. Advantages are computed once per batch by ``ppo_advantages`` (the ``compute_adv``
+node) and ``update_``-d into the batch before the train steps, as the graph runs them."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 from interface_fixtures import make_model, prompt_batch
 
-from realrl.api.core.config import ModelInterfaceAbstraction
+from realrl.api.core.config import ModelInterfaceAbstraction, ModelName
 from realrl.api.core.data_api import SequenceSample
-from realrl.api.core.model_api import GenerationOutput, make_interface
-from realrl.impl.interface.common import per_sequence_sample
+from realrl.api.core.model_api import GenerationOutput, Model, make_interface
+from realrl.impl.interface.common import per_sequence_sample, token_sample
 from realrl.impl.interface.ppo_config import make_ppo_hyperparameters
 from realrl.impl.interface.ppo_rollout import (
-    prepare_advantages,
     rollout_kl,
     rollout_sample,
     shape_scores,
@@ -21,6 +23,7 @@ from realrl.impl.interface.ppo_rollout import (
 )
 from realrl.impl.model.utils import ppo_functional as F
 from realrl.impl.model.utils.functional import shifted_token_mask
+from realrl.system.checkpointing import stateful
 
 PROMPTS = ["w1 w2", "w3", "w4 w5 w6", "w7"]
 GEN = {"max_new_tokens": 6, "min_new_tokens": 1, "top_p": 1.0, "top_k": 0}
@@ -33,6 +36,23 @@ def actor_iface(name="ppo_actor", **ppo):
 
 def critic_iface(**ppo):
     return make_interface(ModelInterfaceAbstraction("ppo_critic", {"ppo": ppo}))
+
+
+def adv_iface(preset=None, **ppo):
+    ppo.setdefault("gen", GEN)
+    return make_interface(ModelInterfaceAbstraction("ppo_advantages", {"ppo": ppo, "preset": preset}))
+
+
+def null_model(tokenizer):
+    """What ``compute_adv`` runs on: no module, the tokenizer only."""
+    return Model(ModelName("adv"), None, tokenizer)
+
+
+def compute_adv(tokenizer, adv_if, data):
+    """The ``compute_adv`` node: its outputs are added to ``data``; returns (outputs, stats)."""
+    out, stats = adv_if.inference(null_model(tokenizer), data)
+    data.update_(out)
+    return out, stats
 
 
 def rollout(tokenizer, actor_if, actor, rewards=None, critic=None, critic_if=None):
@@ -74,7 +94,7 @@ def test_one_ppo_step_raises_logprobs_of_positively_advantaged_tokens(tokenizer)
     opts = dict(ppo_n_minibatches=1, early_stop_imp_ratio=None, value_norm=False)
     a, c = actor_iface(**opts), critic_iface(**opts)
     data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
-    prepared, _ = prepare_advantages(a.hp, a.kl_ctl.value, data, None)
+    prepared, _ = compute_adv(tokenizer, adv_iface(**opts), data)
     adv, mask = prepared.data["advantages"], prepared.data["ppo_loss_mask"]
     before = a.inference(actor, data).data["packed_ref_logprobs"]
     stats = a.train_step(actor, data)
@@ -92,7 +112,7 @@ def test_critic_moves_values_towards_returns(tokenizer):
     opts = dict(ppo_n_minibatches=2, value_norm=False, value_eps_clip=None)
     a, c = actor_iface(**opts), critic_iface(**opts)
     data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
-    prepared, _ = prepare_advantages(c.hp, c.kl_ctl.value, data, None)
+    prepared, _ = compute_adv(tokenizer, adv_iface(**opts), data)
     cu = data.cu_seqlens("packed_input_ids")
     mask, returns = prepared.data["ppo_loss_mask"], prepared.data["returns"]
 
@@ -107,43 +127,83 @@ def test_critic_moves_values_towards_returns(tokenizer):
     assert stats["critic_loss"] > 0 and critic.version.global_step == 5
 
 
-def test_value_norm_keeps_actor_and_critic_moments_equal(tokenizer):
+def _raw_returns(tokenizer, data, values):
+    """What the estimator sees with ``values`` in return units: the same batch through a
+    ``compute_adv`` without value normalisation (its returns are in return units too)."""
+    keys = [k for k in data.keys if k not in ("values",)]
+    raw_in = data.select(keys)
+    raw_in.update_(token_sample(raw_in, "values", values))
+    out, _ = adv_iface(value_norm=False).inference(null_model(tokenizer), raw_in)
+    return out
+
+
+def test_value_norm_moments_live_once_in_compute_adv(tokenizer):
     actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True)
-    a, c = actor_iface(value_norm=True), critic_iface(value_norm=True)
+    a, c, adv = actor_iface(value_norm=True), critic_iface(value_norm=True), adv_iface(value_norm=True)
+    # one state, the advantage computation's: the train steps keep none and save none
+    for iface in (a, c):
+        assert not stateful(iface)
+        assert not any(hasattr(iface, k) for k in ("state", "kl_ctl", "rms"))
+    assert stateful(adv)
     data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
-    torch.testing.assert_close(data.data["values"], critic.module.forward(data))  # raw head outputs
-    prepared, _ = prepare_advantages(a.hp, a.kl_ctl.value, data, None)  # first step: identity moments
-    a.train_step(actor, data)
-    c.train_step(critic, data)
-    assert a.state.state_dict() == c.state.state_dict()
-    mask, returns = prepared.data["ppo_loss_mask"], prepared.data["returns"]
-    beta = c.hp.value_norm_beta
-    assert c.rms.mean_std()[0] == pytest.approx(
+    values = data.data["values"]
+    torch.testing.assert_close(values, critic.module.forward(data))  # raw head outputs
+    raw = _raw_returns(tokenizer, data, values)  # first step: identity moments
+    prepared, _ = compute_adv(tokenizer, adv, data)
+    mask, returns = raw.data["ppo_loss_mask"], raw.data["returns"]
+    beta = adv.hp.value_norm_beta
+    assert adv.rms.mean_std()[0] == pytest.approx(
         float(returns[mask].mean()), rel=1e-4
     )  # debiased EMA of one batch
-    assert c.rms.mean == pytest.approx((1 - beta) * float(returns[mask].mean()), rel=1e-4)
-    # the next batch's values are de-normalised with these moments before GAE
-    mean, std = c.rms.mean_std()
-    data2, _, _ = c.state.begin_step(data, None)
-    torch.testing.assert_close(data2.data["values"], data.data["values"] * std + mean)
-    restored = critic_iface(value_norm=True)
-    restored.load_state_dict(c.state_dict())
-    assert restored.state_dict() == c.state_dict()
+    assert adv.rms.mean == pytest.approx((1 - beta) * float(returns[mask].mean()), rel=1e-4)
+    # the critic's targets and old values come out in its head's units, with the new moments
+    torch.testing.assert_close(prepared.data["returns"], adv.rms.normalize(returns))
+    torch.testing.assert_close(prepared.data["old_values"], adv.rms.normalize(values))
+    torch.testing.assert_close(prepared.data["advantages"], raw.data["advantages"])
+    a.train_step(actor, data)
+    c.train_step(critic, data)
+    # the next batch's values are de-normalised with these moments before GAE, then the moments
+    # absorb its returns and normalise its targets
+    moments = adv.state_dict()
+    mean, std = adv.rms.mean_std()
+    raw2 = _raw_returns(tokenizer, data, values * std + mean)
+    prepared2, _ = adv.inference(null_model(tokenizer), data)
+    expected = F.RunningMeanStd(**moments["value_norm"])
+    expected.update(raw2.data["returns"], mask)
+    assert adv.state_dict()["value_norm"] == pytest.approx(dataclasses.asdict(expected), rel=1e-5)
+    mean2, std2 = expected.mean_std()
+    assert (mean2, std2) != pytest.approx((mean, std))
+    torch.testing.assert_close(prepared2.data["advantages"], raw2.data["advantages"])
+    torch.testing.assert_close(prepared2.data["returns"], (raw2.data["returns"] - mean2) / std2)
+    torch.testing.assert_close(prepared2.data["old_values"], (values * std + mean - mean2) / std2)
+    restored = adv_iface(value_norm=True)
+    restored.load_state_dict(adv.state_dict())
+    assert restored.state_dict() == adv.state_dict()
 
 
-def test_adaptive_kl_controller_updates_after_train_step(tokenizer):
+def test_adaptive_kl_controller_updates_in_compute_adv(tokenizer):
     actor, ref = make_model(tokenizer), make_model(tokenizer, role="ref", seed=1, train=False)
     critic = make_model(tokenizer, role="critic", critic=True)
-    a = actor_iface(adaptive_kl_ctl=True, kl_ctl=0.2, adaptive_kl_target=0.5, adaptive_kl_horizon=100)
-    c = critic_iface(adaptive_kl_ctl=True, kl_ctl=0.2, adaptive_kl_target=0.5, adaptive_kl_horizon=100)
+    opts = dict(adaptive_kl_ctl=True, kl_ctl=0.2, adaptive_kl_target=0.5, adaptive_kl_horizon=100)
+    a, c, adv = actor_iface(**opts), critic_iface(**opts), adv_iface(**opts)
     data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
     data.update_(a.inference(ref, data))  # a different reference: KL != 0
     kl, n = rollout_kl(data)
     err = max(min(kl / 0.5 - 1, 0.2), -0.2)
-    stats = a.train_step(actor, data)
-    c.train_step(critic, data)
+    token_kl = data.data["packed_logprobs"] - data.data["packed_ref_logprobs"]  # k1
+    prepared, stats = compute_adv(tokenizer, adv, data)
+    mask = prepared.data["ppo_loss_mask"]
+    # this batch is penalised with the coefficient from before it; then the controller moves
+    torch.testing.assert_close(prepared.data["kl_rewards"], -0.2 * token_kl * mask)
+    assert stats["ref_kl"] == pytest.approx(kl)
     assert stats["kl_coef_next"] == pytest.approx(0.2 * (1 + err * n / 100))
-    assert c.kl_ctl.value == pytest.approx(a.kl_ctl.value)
+    assert adv.kl_ctl.value == pytest.approx(stats["kl_coef_next"])
+    a.train_step(actor, data)
+    c.train_step(critic, data)
+    assert not hasattr(a, "kl_ctl") and not hasattr(c, "kl_ctl")  # one controller
+    assert adv.kl_ctl.value == pytest.approx(stats["kl_coef_next"])  # the train steps leave it
+    out2, _ = adv.inference(null_model(tokenizer), data)
+    torch.testing.assert_close(out2.data["kl_rewards"], -stats["kl_coef_next"] * token_kl * mask)
 
 
 def test_truncation_and_score_shaping():
@@ -211,10 +271,14 @@ def test_lm_human_preferences_preset_trains_actor_and_critic(tokenizer):
     c = make_interface(
         ModelInterfaceAbstraction("ppo_critic", {"preset": "lm_human_preferences", "ppo": {"gen": GEN}})
     )
+    adv = make_interface(
+        ModelInterfaceAbstraction("ppo_advantages", {"preset": "lm_human_preferences", "ppo": {"gen": GEN}})
+    )
     data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    _, adv_stats = compute_adv(tokenizer, adv, data)
+    assert "truncation_penalized_frac" in adv_stats
     stats = a.train_step(actor, data)
     assert stats["n_updates"] == 4  # 4 epochs of 1 minibatch
-    assert "truncation_penalized_frac" in stats
     assert c.train_step(critic, data)["critic_loss"] > 0
 
 
@@ -242,7 +306,8 @@ def test_grpo_groups_k_answers_and_trains_without_a_critic(tokenizer):
     )
     rewards.data["rewards"] += torch.arange(8, dtype=torch.float32)  # distinct scores in each group
     out.update_(rewards)
-    prepared, _ = prepare_advantages(g.hp, 0.0, out, None)
+    prepared, _ = compute_adv(tokenizer, adv_iface(preset="grpo", gen={**GEN, "n": 4}), out)
+    assert "returns" not in prepared.keys and "old_values" not in prepared.keys  # no critic
     adv, mask = prepared.data["advantages"], prepared.data["ppo_loss_mask"]
     lens = [n - 1 for n in out.flat_seqlens("packed_input_ids")]
     per_seq = torch.stack([a[m].mean() for a, m in zip(adv.split(lens), mask.split(lens))])
@@ -295,6 +360,7 @@ def test_early_stop_zeroes_the_update(tokenizer, stop):
     actor, critic = make_model(tokenizer), make_model(tokenizer, role="critic", critic=True)
     a = actor_iface(**{"ppo_n_minibatches": 1, "early_stop_imp_ratio": None, **stop})
     data = rollout(tokenizer, a, actor, critic=critic, critic_if=critic_iface())
+    compute_adv(tokenizer, adv_iface(), data)
     before = [p.detach().clone() for p in actor.module.module.parameters()]
     stats = a.train_step(actor, data)
     assert stats["early_stopped"] == 1.0
@@ -310,6 +376,7 @@ def test_one_minibatch_whitening_scopes_agree(tokenizer):
         opts = dict(ppo_n_minibatches=1, ppo_n_epochs=2, reward_whiten=True, whiten_scope=scope)
         a = actor_iface(**opts)
         data = rollout(tokenizer, a, actor, critic=critic, critic_if=critic_iface(**opts))
+        compute_adv(tokenizer, adv_iface(**opts), data)
         a.train_step(actor, data)
         params.append([p.detach().clone() for p in actor.module.module.parameters()])
     for p, q in zip(*params):
@@ -328,6 +395,7 @@ def test_every_interface_runs_with_models_on_cuda(tokenizer):
     )
     a, c = actor_iface(), critic_iface()
     data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
+    compute_adv(tokenizer, adv_iface(), data)
     assert "loss" in a.train_step(actor, data) and "critic_loss" in c.train_step(critic, data)
     sft = make_interface("sft")
     assert sft.train_step(actor, prompt_answer_batch(tokenizer, [("w1", "good .")]))["loss"] > 0

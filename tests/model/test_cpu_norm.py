@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from realrl.impl.model.modules import cpu_norm
+from realrl.impl.model import kernels
+from realrl.impl.model.kernels import dispatch
+from realrl.impl.model.kernels import norm as kernel_norm
 from realrl.impl.model.modules.norm import RMSNorm
 
-needs_kernel = pytest.mark.skipif(cpu_norm._library() is None, reason="no C compiler builds the kernel")
+needs_kernel = pytest.mark.skipif(not kernels.available("rms_norm"), reason="no C compiler builds the kernel")
 
 
 def torch_rms_norm(x, w, eps):
@@ -31,7 +33,7 @@ def test_as_close_to_exact_as_the_torch_expression(shape):
     w = torch.randn(shape[-1], generator=gen, dtype=torch.float64)
     g = torch.randn(shape, generator=gen, dtype=torch.float64)
     exact = value_and_grads(torch_rms_norm, x, w, g)
-    ours = value_and_grads(cpu_norm.rms_norm, x.float(), w.float(), g)
+    ours = value_and_grads(kernel_norm.native_rms_norm, x.float(), w.float(), g)
     plain = value_and_grads(torch_rms_norm, x.float(), w.float(), g)
     for e, a, b in zip(exact, plain, ours):
         floor = 1e-6 * (1 + float(e.abs().max()))
@@ -42,15 +44,15 @@ def test_as_close_to_exact_as_the_torch_expression(shape):
 def test_the_module_runs_the_kernel_on_fp32_cpu_only(monkeypatch):
     norm = RMSNorm(16, 1e-6)
     calls = []
-    real = cpu_norm.rms_norm
-    monkeypatch.setattr(cpu_norm, "rms_norm", lambda *a: calls.append(1) or real(*a))
+    real = kernel_norm.native_rms_norm
+    monkeypatch.setattr(kernel_norm, "native_rms_norm", lambda *a: calls.append(1) or real(*a))
     x = torch.randn(4, 6, 16).transpose(0, 1)  # not contiguous
     torch.testing.assert_close(norm(x), torch_rms_norm(x, norm.weight, 1e-6), atol=1e-6, rtol=1e-5)
     assert calls == [1]
     norm(x.bfloat16())
     norm.double()(x.double())
     assert calls == [1]
-    big = torch.randn(cpu_norm.TORCH_GRAIN_SIZE // 16 + 1, 16)  # where torch would use threads
+    big = torch.randn(dispatch.TORCH_GRAIN_SIZE // 16 + 1, 16)  # where torch would use threads
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

@@ -11,12 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from realrl.base import native_build
-from realrl.impl.model.modules import cpu_varlen
+from realrl.impl.model import kernels
+from realrl.impl.model.kernels import attention as kernel_attention
+from realrl.impl.model.kernels import dispatch, native
 from realrl.impl.model.modules.attention import PackedMeta, packed_attention, resolve_attn_impl
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
 
-needs_kernel = pytest.mark.skipif(not cpu_varlen.available(), reason="no C compiler builds the kernel")
+needs_kernel = pytest.mark.skipif(
+    not kernels.available("varlen_attention"), reason="no C compiler builds the kernel"
+)
 
 
 def attention_and_grads(impl, qkv, heads, meta, keep=None, shared=None, seed=0):
@@ -97,11 +100,11 @@ def test_threads_split_the_work_and_sum_shared_key_gradients(monkeypatch):
     shared = (found.expand, found.represent)
     one_thread = attention_and_grads("cpu_varlen", qkv, (4, 4), meta, shared=shared)
     threads = torch.get_num_threads()
-    monkeypatch.setattr(cpu_varlen, "MIN_TRIPLES_PER_THREAD", 1)
+    monkeypatch.setattr(dispatch, "MIN_TRIPLES_PER_THREAD", 1)
     try:
         torch.set_num_threads(3)
         starts, counts = meta.key_ranges
-        assert len(cpu_varlen._chunks(starts[found.represent], counts[found.represent], 4)) == 3
+        assert len(kernel_attention._chunks(starts[found.represent], counts[found.represent], 4)) == 3
         split = attention_and_grads("cpu_varlen", qkv, (4, 4), meta, shared=shared)
     finally:
         torch.set_num_threads(threads)
@@ -116,7 +119,8 @@ def test_what_the_kernel_does_not_cover_runs_on_sdpa():
     cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
     meta = PackedMeta.from_cu_seqlens(cu, sum(lengths))
     q, k, v = torch.randn(3, sum(lengths), 2, 8, dtype=torch.float64)
-    assert not cpu_varlen.supports(q, None, 0.0) and not cpu_varlen.supports(q.float(), 3, 0.0)
+    assert not kernels.use_native("varlen_attention", q)
+    assert not kernels.use_native("varlen_attention", q.float(), window=3)
     for window, x in ((None, (q, k, v)), (3, (q.float(), k.float(), v.float()))):
         a = packed_attention(*x, meta, "sdpa", 0.3, window=window)
         b = packed_attention(*x, meta, "cpu_varlen", 0.3, window=window)
@@ -134,43 +138,45 @@ def test_auto_picks_the_kernel_for_fp32_on_cpu_only():
 def test_without_a_compiler_auto_falls_back_and_explicit_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang either
-    monkeypatch.setenv(native_build.CACHE_ENV, str(tmp_path / "cache"))
-    cpu_varlen._library.cache_clear()
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
+    native.library.cache_clear()
     try:
-        assert native_build.compiler() is None
-        assert not cpu_varlen.available()
+        assert native.compiler() is None
+        assert not kernels.available("varlen_attention")
         assert resolve_attn_impl("auto", "cpu", torch.float32) == "sdpa"
         with pytest.raises(ValueError, match="needs a C compiler"):
             resolve_attn_impl("cpu_varlen", "cpu", torch.float32)
     finally:
-        cpu_varlen._library.cache_clear()
+        native.library.cache_clear()
 
 
 def test_disable_switch_and_build_cache(monkeypatch, tmp_path):
-    monkeypatch.setenv(native_build.CACHE_ENV, str(tmp_path))
-    monkeypatch.setenv(native_build.DISABLE_ENV, "1")
-    assert native_build.load(cpu_varlen.SOURCE) is None
-    monkeypatch.delenv(native_build.DISABLE_ENV)
-    if native_build.compiler() is None:
+    source = native.source("varlen_attention")
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(native.DISABLE_ENV, "1")
+    assert native.load(source) is None
+    monkeypatch.delenv(native.DISABLE_ENV)
+    if native.compiler() is None:
         pytest.skip("no C compiler")
-    assert native_build.load(cpu_varlen.SOURCE) is not None
+    assert native.load(source) is not None
     built = [f for f in os.listdir(tmp_path) if f.endswith(".so")]
     assert len(built) == 1, built  # nothing half-written left beside it
     stamp = os.stat(tmp_path / built[0]).st_mtime_ns
-    assert native_build.load(cpu_varlen.SOURCE) is not None
+    assert native.load(source) is not None
     assert os.stat(tmp_path / built[0]).st_mtime_ns == stamp  # loaded from the cache, not rebuilt
 
 
 def test_a_broken_source_is_reported_and_loads_nothing(monkeypatch, tmp_path, caplog):
-    if native_build.compiler() is None:
+    if native.compiler() is None:
         pytest.skip("no C compiler")
-    monkeypatch.setenv(native_build.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(native.DISABLE_ENV, raising=False)
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
     bad = tmp_path / "broken.c"
     bad.write_text("int f( { return 0; }\n")
     realrl_logs = logging.getLogger("realrl")  # its own handler; it does not propagate to caplog's
     realrl_logs.addHandler(caplog.handler)
     try:
-        assert native_build.load(str(bad)) is None
+        assert native.load(str(bad)) is None
     finally:
         realrl_logs.removeHandler(caplog.handler)
     assert "could not build" in caplog.text and "broken.c" in caplog.text
@@ -190,8 +196,8 @@ def test_generation_reads_the_kv_cache_in_place_with_the_same_results(tmp_path, 
     ids, cu = packed([3, 9, 5, 12], seed=4)
     g = GenerationHyperparameters(n=2, max_new_tokens=12, temperature=0.9)
     calls = []
-    real = cpu_varlen.decode_attention
-    monkeypatch.setattr(cpu_varlen, "decode_attention", lambda *args: calls.append(1) or real(*args))
+    real = kernels.decode_attention
+    monkeypatch.setattr(kernels, "decode_attention", lambda *args: calls.append(1) or real(*args))
     threads = torch.get_num_threads()
     outs = {}
     try:

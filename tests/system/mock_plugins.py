@@ -68,7 +68,7 @@ def make_scalar_model(name, device, **_):
 class ScalarBackend:
     """Keeps the dp group so the training interface can average over data-parallel ranks."""
 
-    def __init__(self, parallel=None):
+    def __init__(self, *, parallel=None):
         self.dp_group = None if parallel is None else parallel.dp_group
 
     def initialize(self, model, ft_spec):

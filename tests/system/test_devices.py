@@ -74,7 +74,7 @@ def test_two_workers_sharing_one_gpu_train_data_parallel(tmp_path):
     import json
     import os
 
-    from realrl.apps.quickstart import build_config
+    from realrl.apps.configs import build_config
     from realrl.apps.run import run_quickstart
 
     cfg = build_config(

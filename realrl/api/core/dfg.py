@@ -40,6 +40,9 @@ class MFCDef:
     output_key_remap: dict[str, str] = dataclasses.field(default_factory=dict)
     mb_spec: MicroBatchSpec = dataclasses.field(default_factory=MicroBatchSpec)
     log_return_value: bool = False
+    # the call's statistics are over the whole batch (advantage whitening, the KL controller): it
+    # runs on one worker, the first of the placement the allocation gives it
+    whole_batch: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:

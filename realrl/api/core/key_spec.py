@@ -1,7 +1,8 @@
 """Length rules of SequenceSample keys: per token, per token minus one, or per sequence.
 
 Declared here once (the key contract: docs/datasets.md) instead of hard-coded tables; plugins add
-their own keys with ``register_key_spec``. Re-exported by ``realrl.api.core.data_api``.
+their own keys with ``register_key_spec``. Re-exported by ``realrl.api.core.data_api`` (the stable
+import path).
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ for _name, _kind, _dtype in [
     ("packed_prompts", KeyKind.TOKEN, torch.long),
     ("packed_input_ids", KeyKind.TOKEN, torch.long),
     ("prompt_mask", KeyKind.TOKEN, torch.bool),
+    ("greedy_input_ids", KeyKind.TOKEN, torch.long),  # ReMax's baseline answers
+    ("greedy_prompt_mask", KeyKind.TOKEN, torch.bool),
     ("values", KeyKind.TOKEN, torch.float32),
+    ("old_values", KeyKind.TOKEN, torch.float32),
     ("packed_logprobs", KeyKind.TOKEN_MINUS_ONE, torch.float32),
     ("packed_ref_logprobs", KeyKind.TOKEN_MINUS_ONE, torch.float32),
     ("advantages", KeyKind.TOKEN_MINUS_ONE, torch.float32),
@@ -71,6 +75,7 @@ for _name, _kind, _dtype in [
     ("ppo_loss_mask", KeyKind.TOKEN_MINUS_ONE, torch.bool),
     ("kl_rewards", KeyKind.TOKEN_MINUS_ONE, torch.float32),
     ("rewards", KeyKind.SEQUENCE, torch.float32),
+    ("baseline_rewards", KeyKind.SEQUENCE, torch.float32),
     ("seq_no_eos_mask", KeyKind.SEQUENCE, torch.bool),
 ]:
     register_key_spec(_name, _kind, _dtype)

@@ -73,6 +73,10 @@ class ReaLModelConfig:
             raise ValueError(f"n_q_heads {self.n_q_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
 
 
+# the stats key under which an interface reports a few decoded examples (prompt, completion, reward)
+SAMPLES_KEY = "samples"
+
+
 @dataclasses.dataclass
 class GenerationHyperparameters:
     """Sampling settings ("The N Implementation Details of RLHF with PPO", general detail 4 and
@@ -186,9 +190,12 @@ class ModelInterface:
         )
 
     def generate(self, model: Model, data: SequenceSample, mb_spec=None) -> SequenceSample:
+        """The produced keys; or ``(sample, stats)`` to report scalar statistics of the call too
+        (and, under ``SAMPLES_KEY``, a few decoded examples: a list of dicts, shown to the user)."""
         raise self._unsupported("generate")
 
     def inference(self, model: Model, data: SequenceSample, mb_spec=None) -> SequenceSample:
+        """The produced keys; or ``(sample, stats)`` to report scalar statistics of the call too."""
         raise self._unsupported("inference")
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec=None) -> dict[str, float]:

@@ -13,6 +13,9 @@ ReaL's grammar (``realrl.api.core.layout``), for the whole experiment, per model
   "d1m2p1"}``): the worker of every layout rank, keyed by MFC name or by role (an MFC's own
   entry first).
 
+A call that must see the whole batch (``MFCDef.whole_batch``, e.g. the advantage computation) runs
+on the first worker of the placement it is given, in layout d1m1p1.
+
 A model's **home** is the placement of its training call (else of its first call): its weights
 and optimizer state live there; a call in another placement runs on a copy reallocated from home.
 The number of model workers follows from the layouts (one more than the largest worker used).
@@ -76,6 +79,9 @@ def parse_allocation(
         calls = {m.name: _placed(layout, first) for m in mfcs}
     else:
         calls = _per_name(allocation_mode, mfcs)
+    for m in mfcs:
+        if m.whole_batch:
+            calls[m.name] = _placed(Layout(), calls[m.name].workers[0])
     return Allocation(calls, _homes(mfcs, calls))
 
 

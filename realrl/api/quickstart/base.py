@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import ClassVar
 
 
 def check_choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -41,7 +42,14 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclasses.dataclass
 class CommonExperimentConfig:
-    """Where a run writes, how it is launched, and how it recovers."""
+    """Where a run writes, how it is launched, and how it recovers.
+
+    An experiment declares what a user watches: ``CURVES`` (plots/<group>.png: the statistics
+    keys, or ``*`` patterns, each plot draws) and ``PROGRESS`` (the progress bar's fields: label ->
+    keys, the first present in a step's record is shown)."""
+
+    CURVES: ClassVar[dict[str, list[str]]] = {}
+    PROGRESS: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     experiment_name: str = ""  # default: the experiment's quickstart name
     trial_name: str = "default"
@@ -67,6 +75,9 @@ class CommonExperimentConfig:
     # key=value overrides for the phases a toy run builds on (e.g. ["exp_ctrl.total_train_steps=3"])
     prerequisite_overrides: list[str] = dataclasses.field(default_factory=list)
     debug: bool = False  # the command line shows the traceback of a configuration or input error
+    # the embedded task a run with no dataset path uses (sentiment, the default, or arith); the
+    # command line sets it and points the dataset and model paths at the task's files
+    task: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, RUN_MODES)
@@ -86,6 +97,10 @@ class CommonExperimentConfig:
                 raise ValueError(f"{name} must be a folder name (no '/', not '.' or '..'), got {value!r}")
         if not self.trial_name:
             raise ValueError("trial_name must not be empty")
+
+    def unused_groups(self) -> set[str]:
+        """Model option groups this configuration does not read (no phase runs to make them)."""
+        return set()
 
     @property
     def run_dir(self) -> str:

@@ -1,6 +1,6 @@
 """Registered interfaces, as in ReaL: what an MFC runs on the model it is given.
 
-sft, paired_rw, dpo, ppo_actor, grpo_actor, ppo_critic, generation, reward_fn; and the reward
+sft, paired_rw, dpo, ppo_actor, grpo_actor, ppo_critic, ppo_advantages, generation, reward_fn; and the reward
 function ``word_sentiment``.
 """
 
@@ -8,6 +8,7 @@ from realrl.impl.interface import (  # noqa: F401  (imported to register)
     dpo_interface,
     generation_interface,
     ppo_actor,
+    ppo_advantages,
     ppo_critic,
     reward_plugin,
     rule_reward,

@@ -5,8 +5,10 @@ One interface serves three MFCs (docs/algorithms.md): ``actor_gen`` (``generate`
 (``train_step``). Options: ``PPOHyperparameters`` (``ppo_config.py``), chosen by ``preset``
 ("real", "lm_human_preferences", "grpo") and overridden field by field through ``ppo``.
 
-GRPO is ``adv_estimator="grpo"`` of this interface; ``grpo_actor`` is the same class with the
-"grpo" preset, so a GRPO graph simply has no critic and no ``values`` input.
+The update reads the advantages ``compute_adv`` wrote for the batch (``ppo_advantages``) and
+minimises the registered policy loss ``ppo.policy_loss`` (PPO's clipped token ratio, with DAPO's
+clip-higher and dual clip; GSPO's sequence ratio), aggregated by ``ppo.loss_agg_mode``. GRPO is
+``adv_estimator="grpo"``; ``grpo_actor`` is this class with the "grpo" preset.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from realrl.base import logging
 from realrl.impl.interface.common import (
     INPUT_KEY,
     answer_loss_mask,
+    cu_seqlens_on,
     logprob_index,
     mean_stats,
     packed_logprobs,
@@ -31,13 +34,14 @@ from realrl.impl.interface.common import (
 )
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
 from realrl.impl.interface.ppo_rollout import (
-    ROLLOUT_KEYS,
+    ACTOR_TRAIN_KEYS,
     resolve_token_id,
     rollout_sample,
     truncate_generation,
 )
-from realrl.impl.interface.ppo_state import PPOTrainState
+from realrl.impl.interface.ppo_updates import run_epochs
 from realrl.impl.model.utils import ppo_functional as F
+from realrl.impl.model.utils.policy_losses import aggregate_loss, aggregation_weight, get_policy_loss
 
 logger = logging.getLogger("ppo_actor")
 
@@ -51,11 +55,6 @@ class PPOActorInterface(ModelInterface):
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
-        self.state = PPOTrainState(self.ppo)
-
-    @property
-    def kl_ctl(self):
-        return self.state.kl_ctl
 
     @property
     def hp(self) -> PPOHyperparameters:
@@ -108,20 +107,28 @@ class PPOActorInterface(ModelInterface):
     # -- train --------------------------------------------------------------------------------
 
     def _loss_fn(self, logits: torch.Tensor, mb: SequenceSample):
-        """Clipped surrogate (+ GRPO's k3 KL term), zeroed when the micro-batch's importance
-        ratio or approximate KL passes its early-stop threshold."""
+        """The registered policy loss (+ GRPO's k3 KL term), aggregated by ``loss_agg_mode``, zeroed
+        when the micro-batch's importance ratio or approximate KL passes its early-stop threshold."""
         hp = self.hp
         mask = mb.data["ppo_loss_mask"].to(logits.device)
         logp = packed_logprobs(logits, mb, self.logprob_temperature, mask)  # 0 off the mask
         dev = logp.device
-        loss, st = F.actor_loss(
-            logp, mb.data["packed_logprobs"].to(dev), mb.data["advantages"].to(dev), hp.eps_clip, mask
+        short_cu = F.short_cu_seqlens(cu_seqlens_on(mb, dev))
+        per_token, st = get_policy_loss(hp.policy_loss)(
+            logp,
+            mb.data["packed_logprobs"].to(dev),
+            mb.data["advantages"].to(dev),
+            mask,
+            short_cu,
+            hp.loss_config(),
         )
+        loss = aggregate_loss(per_token, mask, short_cu, hp.loss_agg_mode, hp.norm_const())
         stats = {k: float(v) for k, v in st.items()}
         if hp.kl_loss_coef > 0:
-            kl = F.masked_mean(F.kl_divergence(logp, mb.data["packed_ref_logprobs"].to(dev), "k3"), mask)
-            loss = loss + hp.kl_loss_coef * kl
-            stats["kl_loss"] = float(kl.detach())
+            kl = F.kl_divergence(logp, mb.data["packed_ref_logprobs"].to(dev), "k3")
+            kl_loss = aggregate_loss(kl * mask, mask, short_cu, hp.loss_agg_mode, hp.norm_const())
+            loss = loss + hp.kl_loss_coef * kl_loss
+            stats["kl_loss"] = float(kl_loss.detach())
         stop = (
             hp.early_stop_imp_ratio is not None and stats["importance_ratio"] > hp.early_stop_imp_ratio
         ) or (hp.early_stop_kl is not None and stats["approx_kl"] > hp.early_stop_kl)
@@ -135,43 +142,41 @@ class PPOActorInterface(ModelInterface):
         stats["early_stopped"] = float(stop)
         return loss, stats
 
+    def _loss_weight(self, mb: SequenceSample) -> float:
+        """A micro-batch's share: its response tokens (token-mean) or answers (the seq-mean modes)."""
+        mask = mb.data["ppo_loss_mask"]
+        return aggregation_weight(
+            mask, F.short_cu_seqlens(cu_seqlens_on(mb, mask.device)), self.hp.loss_agg_mode
+        )
+
+    def _whiten_minibatch(self, mb: SequenceSample) -> SequenceSample:
+        """PPO detail 9 with ``whiten_scope="minibatch"``: advantages whitened per minibatch."""
+        mask = mb.data["ppo_loss_mask"]
+        mb.data["advantages"] = F.whiten(mb.data["advantages"], shift_mean=True, mask=mask)
+        return mb
+
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         hp = self.hp
-        needed = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards")
-        require_keys(
-            data, needed + (("values",) if hp.adv_estimator == "gae" else ()), "ppo_actor.train_step"
-        )
-        truncate_id = self._truncate_id(model)
-        data, full, batch_stats = self.state.begin_step(data, truncate_id)
-        step_stats, prep_stats = self.state.run_epochs(
+        require_keys(data, ACTOR_TRAIN_KEYS, "ppo_actor.train_step")
+        per_minibatch = hp.adv_norm and hp.whiten_scope == "minibatch"
+        step_stats = run_epochs(
+            hp,
             model,
             data,
-            full,
-            truncate_id,
             self._loss_fn,
+            self._loss_weight,
             mb_spec,
             self.token_normalize_scope,
             output_index_fn=logprob_index(_ppo_loss_mask),
+            prepare=self._whiten_minibatch if per_minibatch else None,
         )
-        stats = {
-            **batch_stats,
-            **mean_stats(prep_stats),
-            **mean_stats(step_stats),
-            **self.state.end_step(full),
-        }
+        stats = mean_stats(step_stats)
         stats["n_updates"] = float(len(step_stats))
         model.inc_version()
         return stats
 
-    def state_dict(self) -> dict:
-        """The KL coefficient and value-normalisation moments (what a resumed run needs)."""
-        return self.state.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.state.load_state_dict(state)
-
     def save(self, model: Model, save_dir: str) -> None:
-        save_model(model, save_dir, {"ppo_actor_state": self.state_dict()})
+        save_model(model, save_dir)
 
 
 def _ppo_loss_mask(mb: SequenceSample) -> torch.Tensor:

@@ -12,8 +12,12 @@ Items of "The N Implementation Details of RLHF with PPO" map to fields (by its n
   PPO 10     "clipped value function"         value_eps_clip
   PPO 11     "adaptive KL"                    adaptive_kl_ctl, adaptive_kl_target, adaptive_kl_horizon
 and beyond that post: missing_eos_penalty (TRL), mask_no_eos_with_zero, max_reward_clip,
-reward_output_scaling / _bias, value_norm, early_stop_imp_ratio / early_stop_kl (ReaL), and GRPO
-(adv_estimator="grpo", kl_loss_coef).
+reward_output_scaling / _bias, value_norm, early_stop_imp_ratio / early_stop_kl (ReaL), the
+registered advantage estimators (``adv_estimator``: gae, grpo, rloo, reinforce_pp,
+reinforce_pp_baseline, remax; ``realrl.impl.model.utils.advantages``) and policy losses
+(``policy_loss``: ppo, gspo; ``loss_agg_mode``; ``realrl.impl.model.utils.policy_losses``), DAPO's
+clip-higher (``eps_clip_high``) and overlong reward shaping, and GRPO's KL loss (``kl_loss_coef``).
+docs/algorithms.md has the table of every option with its source.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import dataclasses
 from typing import Any
 
 from realrl.api.core.model_api import GenerationHyperparameters
+from realrl.impl.model.utils.advantages import adv_estimator_names, get_adv_estimator
+from realrl.impl.model.utils.policy_losses import AGGREGATIONS, PolicyLossConfig, policy_loss_names
 
 
 def real_generation_defaults() -> GenerationHyperparameters:
@@ -32,6 +38,10 @@ def real_generation_defaults() -> GenerationHyperparameters:
 @dataclasses.dataclass
 class PPOHyperparameters:
     gen: GenerationHyperparameters = dataclasses.field(default_factory=real_generation_defaults)
+    # ReaL's command-line names for gen.top_p and gen.top_k (``ppo.top_p=0.9 ppo.top_k=1000``):
+    # when set they replace the sampling options
+    top_p: float | None = None
+    top_k: int | None = None
     temperature_scale_logprobs: bool = True
 
     # rejection sampling (PPO detail 5): truncate at the first truncate_token at response
@@ -47,6 +57,10 @@ class PPOHyperparameters:
     reward_output_bias: float = 0.0
     max_reward_clip: float | None = 20.0
     reward_whiten: bool = False
+    # DAPO's overlong reward shaping: a response longer than gen.max_new_tokens - overlong_buffer
+    # loses up to overlong_penalty, linearly over the buffer (0 / None: off)
+    overlong_buffer: int | None = None
+    overlong_penalty: float = 1.0
 
     # KL penalty in the reward
     kl_ctl: float = 0.1
@@ -56,7 +70,9 @@ class PPOHyperparameters:
     adaptive_kl_horizon: float = 10000.0
 
     # advantages
-    adv_estimator: str = "gae"  # gae | grpo
+    adv_estimator: str = (
+        "gae"  # a registered estimator: gae | grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax
+    )
     discount: float = 1.0
     gae_lambda: float = 1.0
     bootstrap_no_eos: bool = True  # a response cut by the length limit bootstraps from its last value
@@ -68,19 +84,36 @@ class PPOHyperparameters:
     # optimisation
     ppo_n_epochs: int = 1
     ppo_n_minibatches: int = 4
-    eps_clip: float = 0.2
+    eps_clip: float = 0.2  # the low clip (1 - eps_clip); also the high one unless eps_clip_high
+    eps_clip_high: float | None = None  # DAPO's clip-higher: 1 + eps_clip_high (e.g. 0.28)
+    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages
+    policy_loss: str = "ppo"  # a registered policy loss: ppo (token ratio) | gspo (sequence ratio)
+    # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)
+    loss_agg_mode: str = "token-mean"
+    loss_norm_const: float | None = None  # seq-mean-token-sum-norm's divisor; default gen.max_new_tokens
     value_eps_clip: float | None = 0.2
     early_stop_imp_ratio: float | None = 5.0
     early_stop_kl: float | None = None
     value_norm: bool = True
     value_norm_beta: float = 0.99995
     shuffle_seed: int = 1
+    log_samples: int = 4  # prompts whose answers and rewards go to samples.jsonl each step
 
     def __post_init__(self) -> None:
         if isinstance(self.gen, dict):
             self.gen = GenerationHyperparameters(**self.gen)
+        if self.top_p is not None or self.top_k is not None:
+            self.gen = dataclasses.replace(
+                self.gen,
+                top_p=self.gen.top_p if self.top_p is None else self.top_p,
+                top_k=self.gen.top_k if self.top_k is None else self.top_k,
+            )
+        estimators, losses = adv_estimator_names(), policy_loss_names()
         checks = [
-            (self.adv_estimator in ("gae", "grpo"), "adv_estimator must be 'gae' or 'grpo'"),
+            (self.adv_estimator in estimators, f"adv_estimator must be one of {estimators}"),
+            (self.policy_loss in losses, f"policy_loss must be one of {losses}"),
+            (self.loss_agg_mode in AGGREGATIONS, f"loss_agg_mode must be one of {list(AGGREGATIONS)}"),
+            (self.overlong_buffer is None or self.overlong_buffer >= 0, "overlong_buffer must be >= 0"),
             (self.kl_estimator in ("k1", "k2", "k3"), "kl_estimator must be 'k1', 'k2' or 'k3'"),
             (self.whiten_scope in ("batch", "minibatch"), "whiten_scope must be 'batch' or 'minibatch'"),
             (self.ppo_n_epochs >= 1, "ppo_n_epochs must be >= 1"),
@@ -93,8 +126,8 @@ class PPOHyperparameters:
             (self.truncate_after >= 0, "truncate_after must be >= 0"),
             (self.kl_ctl >= 0 and self.kl_loss_coef >= 0, "kl_ctl and kl_loss_coef must be >= 0"),
             (
-                self.adv_estimator == "gae" or (self.kl_ctl == 0 and not self.adaptive_kl_ctl),
-                "adv_estimator='grpo' puts the KL in the loss: set kl_ctl=0 and use kl_loss_coef",
+                self.estimator.kl_in_reward or (self.kl_ctl == 0 and not self.adaptive_kl_ctl),
+                f"adv_estimator={self.adv_estimator!r} puts the KL in the loss: set kl_ctl=0 and use kl_loss_coef",
             ),
             (
                 self.truncate_penalty is None or self.truncate_token is not None,
@@ -104,6 +137,31 @@ class PPOHyperparameters:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(f"PPOHyperparameters: {msg} (got {self._brief()})")
+        PolicyLossConfig(self.eps_clip, self.clip_high, self.dual_clip)  # checks the clip values
+
+    @property
+    def estimator(self):
+        """The registered advantage estimator ``adv_estimator`` names."""
+        return (
+            get_adv_estimator(self.adv_estimator)
+            if self.adv_estimator in adv_estimator_names()
+            else _GAE_LIKE
+        )
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.estimator.needs_critic
+
+    @property
+    def clip_high(self) -> float:
+        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
+
+    def loss_config(self) -> PolicyLossConfig:
+        return PolicyLossConfig(self.eps_clip, self.clip_high, self.dual_clip)
+
+    def norm_const(self) -> float:
+        """Dr. GRPO's constant normaliser: the generation length limit unless set."""
+        return float(self.loss_norm_const or self.gen.max_new_tokens)
 
     def _brief(self) -> str:
         fields = (
@@ -115,6 +173,9 @@ class PPOHyperparameters:
             "eps_clip",
         )
         return ", ".join(f"{f}={getattr(self, f)!r}" for f in fields) + f", kl_ctl={self.kl_ctl}"
+
+
+_GAE_LIKE = get_adv_estimator("gae")  # stands in while an unknown name is reported
 
 
 def lm_human_preferences_preset() -> dict[str, Any]:
@@ -170,13 +231,116 @@ def grpo_preset() -> dict[str, Any]:
     )
 
 
-PRESETS = {"real": dict, "lm_human_preferences": lm_human_preferences_preset, "grpo": grpo_preset}
+def dr_grpo_preset() -> dict[str, Any]:
+    """Dr. GRPO ("Understanding R1-Zero-Like Training: A Critical Perspective", Liu et al. 2025): no
+    division by the group's std and a constant length normaliser, which remove GRPO's biases
+    towards easy prompts and long wrong answers; no KL term."""
+    return {
+        **grpo_preset(),
+        "grpo_scale_by_std": False,
+        "loss_agg_mode": "seq-mean-token-sum-norm",
+        "kl_loss_coef": 0.0,
+    }
+
+
+def dapo_preset() -> dict[str, Any]:
+    """DAPO ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", Yu et al. 2025):
+    clip-higher (0.2 / 0.28), token-level loss aggregation, overlong reward shaping over the last
+    quarter of the length budget, no KL term."""
+    gen = real_generation_defaults()
+    gen.n = 4
+    return {
+        **grpo_preset(),
+        "gen": gen,
+        "eps_clip": 0.2,
+        "eps_clip_high": 0.28,
+        "loss_agg_mode": "token-mean",
+        "kl_loss_coef": 0.0,
+        "overlong_buffer": max(gen.max_new_tokens // 4, 1),
+        "overlong_penalty": 1.0,
+    }
+
+
+def gspo_preset() -> dict[str, Any]:
+    """GSPO ("Group Sequence Policy Optimization", Zheng et al. 2025): the importance ratio of a
+    whole answer (the geometric mean of its token ratios), clipped at 3e-4 / 4e-4, each answer
+    weighted equally; group-normalised advantages, no KL term."""
+    return {
+        **grpo_preset(),
+        "policy_loss": "gspo",
+        "eps_clip": 3e-4,
+        "eps_clip_high": 4e-4,
+        "loss_agg_mode": "seq-mean-token-mean",
+        "kl_loss_coef": 0.0,
+    }
+
+
+def _critic_free(estimator: str, kl_ctl: float) -> dict[str, Any]:
+    """K answers per prompt, no critic, the KL penalty in the reward (k1, per token)."""
+    gen = real_generation_defaults()
+    gen.n = 4
+    return dict(
+        gen=gen,
+        adv_estimator=estimator,
+        kl_ctl=kl_ctl,
+        kl_loss_coef=0.0,
+        adv_norm=False,
+        value_norm=False,
+        ppo_n_minibatches=1,
+    )
+
+
+def rloo_preset() -> dict[str, Any]:
+    """RLOO (Ahmadian et al. 2024): each answer's baseline is the mean score of the other answers
+    to its prompt; the KL penalty in the reward."""
+    return _critic_free("rloo", 0.05)
+
+
+def reinforce_pp_preset() -> dict[str, Any]:
+    """REINFORCE++ (Hu 2025): per-token KL in the reward, returns whitened over the whole batch;
+    with ``adv_estimator=reinforce_pp_baseline`` the group mean is subtracted first."""
+    return _critic_free("reinforce_pp", 0.05)
+
+
+def remax_preset() -> dict[str, Any]:
+    """ReMax (Li et al. 2023): the baseline of an answer is the score of the greedy answer to the
+    same prompt (a second generate call and a second reward call in the graph)."""
+    return _critic_free("remax", 0.05)
+
+
+PRESETS = {
+    "real": dict,
+    "lm_human_preferences": lm_human_preferences_preset,
+    "grpo": grpo_preset,
+    "dr_grpo": dr_grpo_preset,
+    "dapo": dapo_preset,
+    "gspo": gspo_preset,
+    "rloo": rloo_preset,
+    "reinforce_pp": reinforce_pp_preset,
+    "remax": remax_preset,
+}
+
+# what a preset sets outside ``ppo.*`` (the experiment's own options), as key=value overrides
+PRESET_EXPERIMENT_OPTIONS = {
+    # lm-human-preferences as "The N Implementation Details of RLHF with PPO" reproduces it: the
+    # learning rate annealed linearly to zero, TensorFlow's Adam epsilon ("PyTorch Adam optimizer
+    # numerical issues"), and the value head initialised to zero
+    "lm_human_preferences": [
+        "actor.optimizer.lr_scheduler_type=linear",
+        "actor.optimizer.min_lr_ratio=0.0",
+        "actor.optimizer.tf_style_eps=true",
+        "critic.optimizer.lr_scheduler_type=linear",
+        "critic.optimizer.min_lr_ratio=0.0",
+        "critic.optimizer.tf_style_eps=true",
+        "critic_head_init=zeros",
+    ],
+}
 
 
 def make_ppo_hyperparameters(
     ppo: PPOHyperparameters | dict[str, Any] | None = None, preset: str | None = None
 ) -> PPOHyperparameters:
-    """``preset`` ("real" = the defaults, "lm_human_preferences", "grpo") overridden by ``ppo``
+    """``preset`` (a name of ``PRESETS``; "real" = the defaults) overridden by ``ppo``
     (a dict of fields; ``gen`` may itself be a dict that overrides the preset's sampling)."""
     if isinstance(ppo, PPOHyperparameters):
         if preset is not None:

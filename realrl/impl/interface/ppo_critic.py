@@ -1,12 +1,11 @@
 """``ppo_critic``: the value model's inference (``values``) and clipped value update.
 
 The critic reads query + response ("The N Implementation Details of RLHF with PPO", general
-detail 1) and computes its returns with the same ``prepare_advantages`` as the actor, from the
-same options (pass it the same ``ppo`` and ``preset``). ``values`` are the head's raw outputs;
-with ``value_norm`` they are in normalised units, and both train steps (actor and critic)
-de-normalise them with the running moments of the returns that each keeps
-(``ppo_state.PPOTrainState``), as ReaL does. The value after a sequence's last token is only read
-when the sequence was cut by the length limit (bootstrapping).
+detail 1). ``values`` are the head's raw outputs; with ``value_norm`` they are in normalised
+units. Its update regresses on the ``returns`` and clips around the ``old_values`` that
+``compute_adv`` wrote for the batch (``ppo_advantages``, which keeps the running moments of the
+returns, as ReaL does), both already in the head's units. The value after a sequence's last token
+is only read when the sequence was cut by the length limit (bootstrapping).
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from realrl.impl.interface.common import (
     token_sample,
 )
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
-from realrl.impl.interface.ppo_rollout import ROLLOUT_KEYS, resolve_token_id
-from realrl.impl.interface.ppo_state import PPOTrainState
+from realrl.impl.interface.ppo_rollout import CRITIC_TRAIN_KEYS
+from realrl.impl.interface.ppo_updates import run_epochs
 from realrl.impl.model.utils import ppo_functional as F
 
 
@@ -42,23 +41,14 @@ class PPOCriticInterface(ModelInterface):
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
-        if self.ppo.adv_estimator != "gae":
+        if not self.ppo.uses_critic:
             raise ValueError(
-                "ppo_critic: adv_estimator='grpo' needs no critic; drop the critic from the graph"
+                f"ppo_critic: adv_estimator={self.ppo.adv_estimator!r} needs no critic; drop the critic from the graph"
             )
-        self.state = PPOTrainState(self.ppo)
 
     @property
     def hp(self) -> PPOHyperparameters:
         return self.ppo
-
-    @property
-    def kl_ctl(self):
-        return self.state.kl_ctl
-
-    @property
-    def rms(self) -> F.RunningMeanStd:
-        return self.state.rms
 
     def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         """``values``: the head's output after every token (normalised units with ``value_norm``)."""
@@ -69,14 +59,12 @@ class PPOCriticInterface(ModelInterface):
         return token_sample(data, "values", values.float())
 
     def _loss_fn(self, output: torch.Tensor, mb: SequenceSample):
-        """Clipped value loss against the returns; with ``value_norm`` the head, the old values
-        and the returns are all compared in normalised units."""
+        """Clipped value loss against the returns; the head, the old values and the returns are
+        all in the head's units (normalised with ``value_norm``)."""
         values = drop_last_token(scalar_output(output), cu_seqlens_on(mb, output.device))
         dev = values.device
-        old = drop_last_token(mb.data["values"].float().to(dev), cu_seqlens_on(mb, dev))
+        old = drop_last_token(mb.data["old_values"].float().to(dev), cu_seqlens_on(mb, dev))
         returns = mb.data["returns"].float().to(dev)
-        if self.state.normalizes_values:
-            old, returns = self.rms.normalize(old), self.rms.normalize(returns)
         mask = mb.data["ppo_loss_mask"].to(dev)
         loss, st = F.critic_loss(values, old, returns, self.hp.value_eps_clip, mask)
         stats = {k: float(v) for k, v in st.items()}
@@ -84,27 +72,23 @@ class PPOCriticInterface(ModelInterface):
         return loss, stats
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
-        needed = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards", "values")
-        require_keys(data, needed, "ppo_critic.train_step")
-        truncate_id = resolve_token_id(model.tokenizer, self.hp.truncate_token, "truncate_token")
-        data, full, _ = self.state.begin_step(data, truncate_id)
-        step_stats, _ = self.state.run_epochs(
-            model, data, full, truncate_id, self._loss_fn, mb_spec, self.token_normalize_scope
+        require_keys(data, CRITIC_TRAIN_KEYS, "ppo_critic.train_step")
+        step_stats = run_epochs(
+            self.hp,
+            model,
+            data,
+            self._loss_fn,
+            lambda m: float(m.data["ppo_loss_mask"].sum()),
+            mb_spec,
+            self.token_normalize_scope,
         )
-        self.state.end_step(full)  # keeps the KL coefficient equal to the actor's
         model.inc_version()
         out = {f"critic_{k}": v for k, v in mean_stats(step_stats).items()}
-        out["returns_mean"] = float(F.masked_mean(full.data["returns"], full.data["ppo_loss_mask"]))
+        out["returns_mean"] = float(F.masked_mean(data.data["returns"], data.data["ppo_loss_mask"]))
         return out
 
-    def state_dict(self) -> dict:
-        return self.state.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.state.load_state_dict(state)
-
     def save(self, model: Model, save_dir: str) -> None:
-        save_model(model, save_dir, {"ppo_critic_state": self.state_dict()})
+        save_model(model, save_dir)
 
 
 register_interface("ppo_critic", PPOCriticInterface)

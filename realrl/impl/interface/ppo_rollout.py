@@ -3,9 +3,8 @@
 ``rollout_sample`` turns a ``GenerationOutput`` into the rollout keys (after the optional
 truncation of "The N Implementation Details of RLHF with PPO", PPO detail 5; "PPO detail N"
 below is item N of its "Policy Training Implementation Details"); ``shape_scores`` turns
-``rewards`` into the score PPO optimises; ``prepare_advantages`` adds ``kl_rewards``,
-``advantages``, ``returns`` and ``ppo_loss_mask`` to a batch or a minibatch (both interfaces call
-it the same way, so the actor's advantages and the critic's returns agree).
+``rewards`` into the score PPO optimises (``ppo_advantages`` computes the advantages from it once
+per batch). The key lists of the PPO-family graphs are defined here, once.
 """
 
 from __future__ import annotations
@@ -16,11 +15,24 @@ import torch
 
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import GenerationOutput
-from realrl.impl.interface.common import INPUT_KEY, token_minus_one_sample
+from realrl.impl.interface.common import INPUT_KEY
 from realrl.impl.interface.ppo_config import PPOHyperparameters
 from realrl.impl.model.utils import ppo_functional as F
 
+# what generation writes
 ROLLOUT_KEYS = ("packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eos_mask")
+# what the advantage computation reads besides the critic's values (and ReMax's baseline)
+ADVANTAGE_INPUTS = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards")
+# what the actor's update reads: old and reference log-probs, and the advantages
+ACTOR_TRAIN_KEYS = (
+    "packed_input_ids",
+    "packed_logprobs",
+    "packed_ref_logprobs",
+    "advantages",
+    "ppo_loss_mask",
+)
+# what the critic's update reads: old values and targets in its head's units
+CRITIC_TRAIN_KEYS = ("packed_input_ids", "old_values", "returns", "ppo_loss_mask")
 
 
 def resolve_token_id(tokenizer: Any, token: int | str | None, what: str) -> int | None:
@@ -141,56 +153,17 @@ def rollout_kl(data: SequenceSample) -> tuple[float, int]:
     return float(per_seq.mean()), len(lens)
 
 
-def prepare_advantages(
-    hp: PPOHyperparameters, kl_coef: float, data: SequenceSample, truncate_id: int | None
-) -> tuple[SequenceSample, dict[str, float]]:
-    """A copy of ``data`` plus ``ppo_loss_mask``, ``kl_rewards``, ``advantages``, ``returns``."""
-    ids = data.data[INPUT_KEY]
-    cu = data.cu_seqlens(INPUT_KEY).to(ids.device)
-    loss_mask = F.response_loss_mask(data.data["prompt_mask"], cu)
-    old_logp = data.data["packed_logprobs"].float()
-    ref_logp = data.data["packed_ref_logprobs"].float().to(old_logp.device)
-    score, stats = shape_scores(hp, data, truncate_id)
-
-    kl_rewards, rewards = F.packed_kl_rewards(
-        kl_coef, old_logp, ref_logp, score.to(old_logp.device), cu, loss_mask, hp.kl_estimator
-    )
-    if hp.adv_estimator == "gae":
-        if hp.reward_whiten:  # PPO detail 9: rewards whitened WITHOUT the mean shift
-            rewards = F.whiten(rewards, shift_mean=False, mask=loss_mask)
-        values = data.data["values"].float().to(old_logp.device)
-        bootstrap = (
-            data.data["seq_no_eos_mask"].float() if hp.bootstrap_no_eos else torch.zeros(cu.shape[0] - 1)
-        )
-        advantages, returns = F.packed_gae(
-            rewards, values, cu, bootstrap.to(values.device), hp.discount, hp.gae_lambda
-        )
-    else:  # GRPO: one group-normalised scalar per answer, on all its response tokens
-        groups = [len(r) for r in data.seqlens[INPUT_KEY]]
-        per_seq = F.group_normalized_advantages(score, groups, hp.grpo_scale_by_std).to(old_logp.device)
-        lens = torch.tensor([n - 1 for n in data.flat_seqlens(INPUT_KEY)], device=old_logp.device)
-        advantages = torch.repeat_interleave(per_seq, lens)
-        returns = torch.zeros_like(advantages)
-    advantages = advantages * loss_mask
-    if hp.adv_norm:  # PPO detail 9: advantages whitened WITH the mean shift
-        advantages = F.whiten(advantages, shift_mean=True, mask=loss_mask)
-
-    out = data.select(sorted(data.keys))
-    for key, value in [
-        ("ppo_loss_mask", loss_mask),
-        ("kl_rewards", kl_rewards.float()),
-        ("advantages", advantages.float().detach()),
-        ("returns", returns.float().detach()),
-    ]:
-        out.update_(token_minus_one_sample(data, key, value))
-    n_tok = loss_mask.float().sum().clamp(min=1)
-    stats.update(
-        kl_coef=float(kl_coef),
-        kl_reward=float(kl_rewards.sum() / (cu.shape[0] - 1)),
-        advantage_mean=float((advantages * loss_mask).sum() / n_tok),
-        response_length=float(loss_mask.float().sum() / (cu.shape[0] - 1)),
-    )
-    return out, stats
+def overlong_penalties(
+    loss_mask: torch.Tensor, cu_seqlens: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float
+) -> torch.Tensor:
+    """DAPO's overlong reward shaping ("DAPO: An Open-Source LLM Reinforcement Learning System at
+    Scale", soft overlong punishment), per sequence: 0 up to ``max_new_tokens - buffer`` response
+    tokens, then growing linearly to ``penalty`` at ``max_new_tokens``."""
+    short = F.short_cu_seqlens(cu_seqlens).long()
+    seq = torch.repeat_interleave(torch.arange(short.shape[0] - 1), (short[1:] - short[:-1]).cpu())
+    lengths = torch.zeros(short.shape[0] - 1).index_add_(0, seq, loss_mask.float().cpu())
+    over = (lengths - (max_new_tokens - buffer)) / max(buffer, 1)
+    return over.clamp(0.0, 1.0) * penalty
 
 
 def shuffled_minibatches(

@@ -5,9 +5,12 @@
   "train"      TrainEngine(optimizer=OptimizerConfig | dict, engine=EngineConfig | dict)
   "inference"  InferenceEngine(engine=EngineConfig | dict, offload=False)
   "null"       leaves the model as it is
-Every backend also takes ``parallel``: the model's ``ParallelContext`` on this worker (its layout,
-device mesh and process groups), which the model worker passes at run time; None is a model on
-one worker. The train and inference backends split the module as the layout says (tensor
+The constructor contract: every registered backend takes a keyword-only ``parallel`` (default
+None): the model's ``ParallelContext`` on this worker (its layout, device mesh and process groups,
+the data-parallel group among them), which the model worker always passes, once, at run time;
+None is a model on one worker. A backend with nothing to synchronise still names it (and may
+reject a layout it cannot serve), so no caller has to guess from a ``TypeError`` what a backend
+accepts. The train and inference backends split the module as the layout says (tensor
 parallelism, then FSDP2 when ``engine.fsdp``) before wrapping it.
 """
 
@@ -45,6 +48,7 @@ class TrainBackend:
         self,
         optimizer: OptimizerConfig | dict[str, Any] | None = None,
         engine: EngineConfig | dict[str, Any] | None = None,
+        *,
         parallel: ParallelContext | None = None,
     ) -> None:
         self.optimizer = coerce(OptimizerConfig, optimizer, "train backend 'optimizer'")
@@ -71,6 +75,7 @@ class InferenceBackend:
         self,
         engine: EngineConfig | dict[str, Any] | None = None,
         offload: bool = False,
+        *,
         parallel: ParallelContext | None = None,
     ) -> None:
         self.engine = coerce(EngineConfig, engine, "inference backend 'engine'")
@@ -88,7 +93,7 @@ class InferenceBackend:
 
 
 class NullBackend:
-    def __init__(self, parallel: ParallelContext | None = None) -> None:
+    def __init__(self, *, parallel: ParallelContext | None = None) -> None:
         if parallel is not None and parallel.layout.tp > 1:
             raise ValueError(
                 f"backend 'null' cannot split a model over tensor-parallel ranks (layout {parallel.layout})"

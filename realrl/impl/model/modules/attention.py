@@ -2,7 +2,9 @@
 
 Every backend attends only within a sequence (``cu_seqlens`` bounds): packing never leaks
 tokens across sequence boundaries. ``sdpa`` is exact on any device; ``flash_attn`` and
-``torch_varlen`` are CUDA kernels that take the packed layout directly.
+``torch_varlen`` are CUDA kernels that take the packed layout directly; ``cpu_varlen`` is the C
+kernel of ``realrl.impl.model.kernels``, which runs it where its rule (``kernels.choose_kernel``)
+picks it and ``sdpa`` elsewhere.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from realrl.base import native_build
-from realrl.impl.model.modules import cpu_varlen
+from realrl.impl.model import kernels
 
 ATTN_IMPLS = ("auto", "flash_attn", "torch_varlen", "cpu_varlen", "sdpa")
 
@@ -43,7 +44,7 @@ class PackedMeta:
     @functools.cached_property
     def key_ranges(self) -> tuple[torch.Tensor, torch.Tensor]:
         """long [T] each: where each token's sequence starts, and how many tokens it attends to
-        (itself and those before it): what the ``cpu_varlen`` kernel reads."""
+        (itself and those before it): what the ``cpu_varlen`` kernel reads (``_cpu_varlen``)."""
         starts = self.cu_seqlens.long()[torch.div(self.pad_index, self.max_seqlen, rounding_mode="floor")]
         return starts, self.positions + 1
 
@@ -102,7 +103,7 @@ def resolve_attn_impl(impl: str, device: torch.device | str | None, dtype: torch
             return "flash_attn"
         if on_cuda and half and torch_varlen_available():
             return "torch_varlen"
-        if not on_cuda and dtype in (None, torch.float32) and cpu_varlen.available():
+        if not on_cuda and dtype in (None, torch.float32) and kernels.available("varlen_attention"):
             return "cpu_varlen"
         return "sdpa"
     if impl == "cpu_varlen":
@@ -110,10 +111,10 @@ def resolve_attn_impl(impl: str, device: torch.device | str | None, dtype: torch
             raise ValueError(
                 f"attn_impl='cpu_varlen' is a CPU kernel; use 'auto' or a CUDA backend on {device}"
             )
-        if not cpu_varlen.available():
+        if not kernels.available("varlen_attention"):
             raise ValueError(
                 "attn_impl='cpu_varlen' but its C kernel could not be built (it needs a C compiler: cc, "
-                f"gcc, clang or $CC; and {native_build.DISABLE_ENV} unset); use attn_impl='sdpa' or 'auto'"
+                f"gcc, clang or $CC; and {kernels.DISABLE_ENV} unset); use attn_impl='sdpa' or 'auto'"
             )
         return impl
     if impl in ("flash_attn", "torch_varlen") and not on_cuda:
@@ -273,6 +274,22 @@ def _torch_varlen(q, k, v, meta: PackedMeta, scale: float, window: int | None, d
     return varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **options)
 
 
+def _cpu_varlen(q, k, v, meta: PackedMeta, scale: float, keep=None, shared=None) -> torch.Tensor:
+    """``packed_attention`` on the C kernel (``kernels.varlen_attention``): each query attends to
+    the keys of its sequence up to itself, read in place; under ``shared`` the keys are the
+    compressed tokens (``expand`` maps a token to its compressed row)."""
+    expand, represent = shared if shared is not None else (None, None)
+    starts, counts = meta.key_ranges
+    if keep is not None:
+        queries = q[keep] if expand is None else q[expand[keep]]
+        starts, counts = starts[keep], counts[keep]
+    elif represent is not None:
+        queries, starts, counts = q, starts[represent], counts[represent]
+    else:
+        queries = q
+    return kernels.varlen_attention(queries, k, v, starts, counts, meta.max_seqlen, scale, expand)
+
+
 _BACKENDS = {"sdpa": _sdpa_packed, "flash_attn": _flash_attn, "torch_varlen": _torch_varlen}
 
 
@@ -294,9 +311,9 @@ def packed_attention(
 
     ``shared`` = ``(expand, represent)`` of shared-prefix packing: q, k, v hold the Tc compressed
     tokens and the output is [Tc, Hq, D] (``keep`` still names original tokens)."""
-    if impl == "cpu_varlen" and cpu_varlen.supports(q, window, dropout_p):
-        return cpu_varlen.cpu_varlen_attention(q, k, v, meta, scale, keep, shared)
-    if impl in ("sdpa", "cpu_varlen"):  # what cpu_varlen does not cover is sdpa's
+    if impl == "cpu_varlen" and kernels.use_native("varlen_attention", q, window=window, dropout_p=dropout_p):
+        return _cpu_varlen(q, k, v, meta, scale, keep, shared)
+    if impl in ("sdpa", "cpu_varlen"):  # what the kernel does not take is sdpa's
         return _sdpa_packed(q, k, v, meta, scale, window, dropout_p, keep, shared)
     if shared is not None:
         expand, represent = shared

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from realrl.impl.model.modules import cpu_varlen
+from realrl.impl.model import kernels
 from realrl.impl.model.modules.attention import PackedMeta, packed_attention
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
 
@@ -70,7 +70,7 @@ class PackedContext:
     dropout_p: float = 0.0
     cache: KVCache | None = None
     cache_slots: torch.Tensor | None = None  # from KVCache.slots: where each token's k/v go
-    weight_cache: dict | None = None  # fused projection weights, reused within one generate call
+    weight_cache: kernels.DecodeWeights | None = None  # prepared projection weights (decoding only)
     shared: SharedPrefixes | None = None
 
     def __post_init__(self) -> None:
@@ -118,7 +118,7 @@ class DecodeContext:
     cache: KVCache
     lens: torch.Tensor  # long [B]: filled slots per row == the new token's position
     max_len: int  # max(lens) + 1: how far into the cache any row reaches
-    weight_cache: dict | None = None
+    weight_cache: kernels.DecodeWeights | None = None  # prepared once per generate call
     impl: str = "sdpa"  # the model's attention backend: cpu_varlen reads the cache in place
 
     def __post_init__(self) -> None:
@@ -158,10 +158,8 @@ class DecodeContext:
         measured ~20x faster on CPU than baddbmm + softmax + bmm, or SDPA with enable_gqa.
         """
         self.cache.write(layer, self._slots, k, v)
-        # the kernel runs a decoding step on one thread; SDPA spreads the rows over several
-        # (bench_generate.py, 2 threads: SDPA ahead by ~5-10 %; 1 thread: the kernel ahead)
-        if self.impl == "cpu_varlen" and torch.get_num_threads() == 1 and cpu_varlen.supports(q, window, 0.0):
-            return cpu_varlen.decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.lens, scale)
+        if self.impl == "cpu_varlen" and kernels.use_native("decode_attention", q, window=window):
+            return kernels.decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.lens, scale)
         B, hq, d = q.shape
         hkv = k.shape[1]
         keys = self.cache.k[layer][:, :, : self.max_len]  # [B, Hkv, L, D], a view

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from realrl.impl.model.modules import cpu_norm
+from realrl.impl.model import kernels
 
 
 class RMSNorm(nn.Module):
@@ -17,12 +17,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_norm.supports(x, self.weight):  # the same in one pass (``cpu_norm.py``)
-            return cpu_norm.rms_norm(x, self.weight, self.eps)
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 def make_norm(kind: str, dim: int, eps: float, dtype=None, device=None) -> nn.Module:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
+from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.attention import activation_dtype
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_attention_kernels
 from realrl.impl.model.nn.transformer_block import linear
@@ -189,7 +190,7 @@ def _generate(
     lens = lens_t.repeat_interleave(n)
     max_len = max(prompt_lens)
 
-    weights: dict = {}  # decode-time weights, transposed once (see transformer_block.project)
+    weights = DecodeWeights()  # decode-time projection weights, prepared once (kernels/weights.py)
     n_seqs = n_prompts * n
     live = torch.arange(n_seqs, device=device)  # row of the cache -> output sequence index
     out_tokens = torch.zeros(n_seqs, max_new, dtype=torch.long, device=device)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from realrl.api.core.model_api import ReaLModelConfig
-from realrl.impl.model.modules.attention import activation_dtype
+from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.mlp import MLP
 from realrl.impl.model.modules.norm import RMSNorm, make_norm
 from realrl.impl.model.modules.rotary import apply_rotary
@@ -33,7 +33,7 @@ class Attention(nn.Module):
             self.k_ln = RMSNorm(self.head_dim, cfg.layer_norm_epsilon, **kw)
         self.qk_layernorm = cfg.qk_layernorm
 
-    def qkv(self, x: torch.Tensor, cache: dict | None) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, cache: DecodeWeights | None) -> torch.Tensor:
         """[T, (hq + 2 hkv) d]: fused into one matmul, or three sharded linears under tensor
         parallelism (the heads of this rank only)."""
         if is_sharded(self.q):
@@ -78,34 +78,24 @@ def is_sharded(module: nn.Linear) -> bool:
     return is_dtensor(module.weight)
 
 
-def linear(x: torch.Tensor, cache: dict | None, module: nn.Linear) -> torch.Tensor:
-    """``module(x)``; through the decoding weight cache (``project``) unless it is sharded."""
+def linear(x: torch.Tensor, cache: DecodeWeights | None, module: nn.Linear) -> torch.Tensor:
+    """``module(x)``; through the decoding weights (``project``) unless it is sharded."""
     if is_sharded(module):
         return module(x)
     return project(x, cache, module, _plain(module))
 
 
-def project(x: torch.Tensor, cache: dict | None, module: nn.Module, build) -> torch.Tensor:
-    """``x @ W.T + b`` for ``(W, b) = build()``.
-
-    With a ``cache`` (a decoding context's ``weight_cache``), W is transposed and made contiguous once
-    per generate call: for the few rows of a decoding step, ``x @ W_t`` with W_t laid out
-    [in, out] measured ~3x faster on CPU than ``F.linear`` on the [out, in] weight. Training and
-    prefill rebuild ``W`` each call so gradients reach the parameters.
-    """
+def project(x: torch.Tensor, cache: DecodeWeights | None, module: nn.Module, build) -> torch.Tensor:
+    """``x @ W.T + b`` for ``(W, b) = build()``: rebuilt each call (training, prefill: gradients
+    reach the parameters), or with a ``cache`` (a decoding context's ``weight_cache``) prepared
+    once per generate call (``kernels.DecodeWeights``)."""
     if cache is None:
         w, b = build()
         return F.linear(x, w, b)
-    key = id(module)
-    if key not in cache:  # in the activations' dtype: autocast would cast W again every step
-        w, b = build()
-        dtype = activation_dtype(w.dtype, w.device)
-        cache[key] = (w.t().to(dtype).contiguous(), None if b is None else b.to(dtype))
-    wt, b = cache[key]
-    return x @ wt if b is None else torch.addmm(b, x, wt)
+    return cache.linear(x, module, build)
 
 
-def gate_up(h: torch.Tensor, cache: dict | None, mlp: MLP) -> tuple[torch.Tensor, torch.Tensor]:
+def gate_up(h: torch.Tensor, cache: DecodeWeights | None, mlp: MLP) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated MLP's two projections.
 
     Training and prefill (no cache, many rows): two matmuls with contiguous outputs. Chunking one

@@ -1,8 +1,10 @@
-"""Compile a C source shipped with the package into a shared library on first use, cached on disk.
+"""Compile the C sources of this folder into shared libraries on first use, cached on disk, and
+load them with their ctypes prototypes (``library``).
 
 Why not a torch C++ extension: those take a minute to build against torch's headers; a plain C
 file with a C ABI builds in under a second with the system compiler and is called through
-ctypes. Where no compiler works, ``load`` returns None and the caller keeps its pure-torch path.
+ctypes. Where no compiler works, ``load`` returns None and ``dispatch.choose_kernel`` keeps every
+op on its torch code.
 
 The cache key holds the source, the flags, the compiler's version and the CPU's model and
 feature flags, so a library built with ``-march=native`` is never loaded on another kind of
@@ -13,6 +15,7 @@ file renamed into place, so processes that build at once never load a half-writt
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -22,7 +25,7 @@ import tempfile
 
 from realrl.base import logging
 
-logger = logging.getLogger("native_build")
+logger = logging.getLogger("native_kernels")
 
 CACHE_ENV = "REALRL_NATIVE_CACHE"  # where built libraries go (default ~/.cache/realrl/native)
 DISABLE_ENV = "REALRL_NO_NATIVE"  # set to 1: never build or load native code
@@ -114,3 +117,36 @@ def load(source: str) -> ctypes.CDLL | None:
             errors.append(f"{target}: {e}")
     logger.warning("could not build %s with %s; using the torch fallback:\n%s", source, cc, "\n".join(errors))
     return None
+
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_ATTN = [_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F]
+# library name -> {C function: (argument types, return type)}; the library is ``<name>.c`` here
+PROTOTYPES = {
+    "varlen_attention": {
+        "varlen_attn_fwd": ([*_ATTN, _P, _P, _I], ctypes.c_int),
+        "varlen_attn_bwd": ([*_ATTN, _P, _P, _P, _P, _P, _P, _I], ctypes.c_int),
+    },
+    "rms_norm": {
+        "rms_norm_fwd": ([_P, _P, _I, _I, _F, _P, _P], None),
+        "rms_norm_bwd": ([_P, _P, _P, _P, _I, _I, _P, _P], None),
+    },
+}
+
+
+def source(name: str) -> str:
+    """The C file of library ``name``."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.c")
+
+
+@functools.cache
+def library(name: str) -> ctypes.CDLL | None:
+    """Library ``name`` (a key of ``PROTOTYPES``) with its functions' prototypes set, built now if
+    not cached; None where native code is disabled or does not build. Once per process: call
+    ``library.cache_clear()`` to look again."""
+    lib = load(source(name))
+    if lib is not None:
+        for function, (argtypes, restype) in PROTOTYPES[name].items():
+            getattr(lib, function).argtypes = argtypes
+            getattr(lib, function).restype = restype
+    return lib

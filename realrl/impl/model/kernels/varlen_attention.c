@@ -1,5 +1,5 @@
 /* Variable-length attention on the CPU (fp32), forward and backward, for realrl's packed batches
-   (realrl/impl/model/modules/cpu_varlen.py compiles and calls it).
+   (realrl/impl/model/kernels/varlen_attention.py compiles and calls it).
 
    Query row r attends to the keys key(start[r] + j), j < count[r], where key(i) = kidx ? kidx[i] : i;
    key row i of head g starts at k + i * k_row + g * k_head (likewise v). Consecutive queries with the

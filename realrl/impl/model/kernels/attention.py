@@ -1,72 +1,36 @@
-"""``cpu_varlen``: packed variable-length attention on the CPU from a small C kernel.
+"""Packed variable-length attention on the CPU from a small C kernel (``varlen_attention.c``):
+the ``cpu_varlen`` attention backend, and the decoding steps that read a KV cache in place.
 
 Why: RLHF batches on a CPU are many short sequences (a GRPO minibatch: 64 answers of ~25 tokens).
 SDPA wants a padded [B, H, Lmax, D] grid and pays a fixed cost per (sequence, head) in its
 kernel and in the scatter/gather around it; at these sizes that, not arithmetic, is the cost.
-The kernel (``cpu_varlen_attention.c``) reads the packed rows in place: query r attends to
-the keys ``key(start[r] + j)``, ``j < count[r]``, with ``key = kidx`` under shared-prefix
-packing (``modules/shared_prefix.py``: the sequences' copies of a prompt are one computed
-token) and the identity otherwise. Outputs equal SDPA's up to float rounding, gradients too
-(tests/model/test_cpu_varlen.py).
+The kernel reads the packed rows in place: query r attends to the keys ``key(start[r] + j)``,
+``j < count[r]``, with ``key = key_index`` under shared-prefix packing (``modules/shared_prefix.py``:
+the sequences' copies of a prompt are one computed token) and the identity otherwise. Outputs
+equal SDPA's up to float rounding, gradients too (tests/model/test_cpu_varlen.py).
 
-Built on first use by the system C compiler (``realrl.base.native_build``); where none works,
-or for what the kernel does not cover (dropout, sliding windows, non-fp32, head dim > 256),
-``attention.py`` uses ``sdpa``. Work is split over ``torch.get_num_threads()`` threads (the
-library releases the GIL), each with its own key-gradient buffers.
+Built on first use (``native.py``); whether a call runs here or on ``sdpa`` is
+``dispatch.choose_kernel``'s. Work is split over ``dispatch.kernel_threads`` threads (the library
+releases the GIL), each with its own key-gradient buffers.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import functools
-import os
 
 import torch
 
-from realrl.base import native_build
-
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_varlen_attention.c")
-MAX_HEAD_DIM = 256
-# below this many (query, key, head) triples a call stays on one thread (threads cost more)
-MIN_TRIPLES_PER_THREAD = 200_000
-
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_COMMON = [_P, _I, _I, _P, _I, _I, _P, _I, _I, _P, _P, _P, _I, _I, _I, _F]
+from realrl.impl.model.kernels import dispatch, native
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = native_build.load(SOURCE)
-    if lib is not None:
-        lib.varlen_attn_fwd.argtypes = [*_COMMON, _P, _P, _I]
-        lib.varlen_attn_bwd.argtypes = [*_COMMON, _P, _P, _P, _P, _P, _P, _I]
-        lib.varlen_attn_fwd.restype = lib.varlen_attn_bwd.restype = ctypes.c_int
-    return lib
+def _library():
+    return native.library("varlen_attention")
 
 
 @functools.cache
 def _pool(n_threads: int) -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="cpu_varlen")
-
-
-def available() -> bool:
-    """Whether the kernel is built (or builds now) on this machine."""
-    return _library() is not None
-
-
-def supports(q: torch.Tensor, window: int | None, dropout_p: float) -> bool:
-    """What the kernel covers; the rest goes to sdpa. Plain tensors only: the kernel reads raw
-    pointers, which a tensor subclass (a collective's not-yet-waited output) does not offer."""
-    return (
-        type(q) is torch.Tensor
-        and q.device.type == "cpu"
-        and q.dtype == torch.float32
-        and not window
-        and dropout_p == 0.0
-        and q.shape[-1] <= MAX_HEAD_DIM
-        and available()
-    )
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +46,7 @@ def _chunks(start: torch.Tensor, count: torch.Tensor, n_heads: int) -> list[tupl
     """Query ranges for the threads, cut only between runs (queries sharing a start)."""
     n, threads = start.shape[0], torch.get_num_threads()
     if threads > 1:
-        threads = min(threads, int(count.sum()) * n_heads // MIN_TRIPLES_PER_THREAD)
+        threads = dispatch.kernel_threads(int(count.sum()) * n_heads, threads)
     if threads <= 1 or n < 2:
         return [(0, n)]
     bounds = torch.nonzero(start[1:] != start[:-1]).flatten() + 1  # first query of each run
@@ -158,21 +122,22 @@ def _check(codes: list[int]) -> None:
         raise RuntimeError(f"cpu_varlen attention kernel failed with codes {codes} (1: out of memory)")
 
 
-def cpu_varlen_attention(q, k, v, meta, scale: float, keep=None, shared=None) -> torch.Tensor:
-    """The ``packed_attention`` contract (``attention.py``): q [T, Hq, D], k/v [T, Hkv, D] (or the
-    compressed tokens under ``shared``), causal within each sequence; with ``keep`` only those
-    (original, ascending) tokens' queries, [N, Hq, D]."""
-    expand, represent = shared if shared is not None else (None, None)
-    starts, counts = meta.key_ranges
-    if keep is not None:
-        queries = q[keep] if expand is None else q[expand[keep]]
-        starts, counts = starts[keep], counts[keep]
-    elif represent is not None:
-        queries, starts, counts = q, starts[represent], counts[represent]
-    else:
-        queries = q
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    starts: torch.Tensor,
+    counts: torch.Tensor,
+    max_count: int,
+    scale: float,
+    key_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [N, Hq, D], k/v [T, Hkv, D] -> [N, Hq, D], differentiable: query r attends to the keys
+    ``key(starts[r] + j)``, ``j < counts[r]`` (long [N] each, ``max_count`` the largest count),
+    where ``key(i) = key_index[i]`` (long) or ``i``. Queries sharing a start (one sequence) must
+    be consecutive."""
     return _VarlenAttention.apply(
-        _rows(queries), _rows(k), _rows(v), expand, starts, counts, meta.max_seqlen, float(scale)
+        _rows(q), _rows(k), _rows(v), key_index, starts, counts, max_count, float(scale)
     )
 
 

@@ -1,5 +1,5 @@
 /* RMSNorm on the CPU (fp32), forward and backward, one pass over the rows each
-   (realrl/impl/model/modules/norm.py compiles and calls it).
+   (realrl/impl/model/kernels/rms_norm.py compiles and calls it).
 
    y = w * x * r with r = 1 / sqrt(mean(x^2) + eps), per row of `dim` values. */
 #include <math.h>

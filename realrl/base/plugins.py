@@ -1,0 +1,60 @@
+"""Plugins: the user's modules and installed packages that register datasets, models, interfaces,
+reward functions, estimators or experiments by name.
+
+Two ways in, both read by the command line and by every worker before anything is built:
+``import_modules=[pkg.module, path/to/file.py]`` on the command line, and the entry-point group
+``realrl.plugins`` of an installed package (in its ``pyproject.toml``:
+``[project.entry-points."realrl.plugins"] mine = "my_package.realrl_plugin"``). An entry point
+names a module (importing it registers) or a function (called with no arguments).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+
+ENTRY_POINT_GROUP = "realrl.plugins"
+
+
+def import_modules(modules: list[str]) -> None:
+    """Import each dotted module name or ``.py`` file once per process."""
+    for mod in modules:
+        if mod.endswith(".py"):
+            path = os.path.abspath(mod)
+            name = "realrl_plugin_" + os.path.splitext(os.path.basename(path))[0]
+            if name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot import plugin file {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        else:
+            importlib.import_module(mod)
+
+
+@functools.cache
+def load_entry_points() -> tuple[str, ...]:
+    """Load every ``realrl.plugins`` entry point of the installed packages, once per process
+    (the registries reject a second registration); the names loaded."""
+    names = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            target = ep.load()
+        except Exception as e:  # noqa: BLE001 - re-raised naming the plugin
+            raise ImportError(
+                f"realrl plugin {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}"
+            ) from e
+        if callable(target):
+            target()
+        names.append(ep.name)
+    return tuple(names)

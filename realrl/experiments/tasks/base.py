@@ -1,0 +1,118 @@
+"""Embedded tasks: what an experiment runs on when the user names no dataset path.
+
+A task is data the project generates (files under ``fileroot/<label>_task/seed<seed>/``), a tiny
+model config, and one recipe per experiment: the options it sets before the user's own (its
+preset), the config keys it points at its files, and the keys it points at the final checkpoint
+of an earlier phase (which the command line runs first when it is missing). The command line
+applies a task in one place (``realrl.apps.configs``), so the experiments themselves never ask
+whether they run on a task: they read ordinary paths, as with a user's files and checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from realrl.api.quickstart.entrypoint import get_quickstart_exp, quickstart_experiments
+from realrl.base.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How one experiment runs on a task."""
+
+    preset: tuple[str, ...] = ()  # key=value options applied before the user's
+    files: dict[str, str] = dataclasses.field(default_factory=dict)  # config key -> task file name
+    # config key -> the phase (experiment name) whose final checkpoint the key points at
+    checkpoints: dict[str, str] = dataclasses.field(default_factory=dict)
+    init_model: bool = False  # the model starts from random weights of the task's model config
+    # (run config) -> figures for summary.json, measured on the task's held-out data
+    summarize: Callable[[Any], dict[str, Any]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddedTask:
+    name: str
+    label: str  # names its folder (``<label>_task``) and its runs' trial (``<label>-seed<seed>``)
+    doc: str  # one line for --help
+    build: Callable[[str, int], dict[str, str]]  # (data dir, seed) -> file name -> path, written once
+    paths: Callable[[str], dict[str, str]]  # (data dir) -> file name -> path, without writing
+    model_config: Callable[[], dict[str, Any]]
+    recipes: dict[str, Recipe]
+
+    def recipe(self, experiment: str) -> Recipe:
+        """The recipe of ``experiment``, else of the nearest experiment its config class extends
+        (a user's ``my-ppo`` subclassing the PPO config runs on PPO's recipe)."""
+        if experiment in self.recipes:
+            return self.recipes[experiment]
+        by_class = {get_quickstart_exp(n): n for n in quickstart_experiments() if n in self.recipes}
+        if experiment in quickstart_experiments():
+            for base in get_quickstart_exp(experiment).__mro__[1:]:
+                if base in by_class:
+                    return self.recipes[by_class[base]]
+        raise ValueError(
+            f"task={self.name!r} has no recipe for the {experiment!r} experiment; it runs "
+            f"{sorted(self.recipes)} (give dataset paths to run {experiment!r} on your own data)"
+        )
+
+    def data_dir(self, fileroot: str, seed: int) -> str:
+        return os.path.join(os.path.abspath(fileroot), f"{self.label}_task", f"seed{seed}")
+
+    def files(self, fileroot: str, seed: int) -> dict[str, str]:
+        """Write the task's files for ``seed`` (once; later calls reuse them) and return their paths."""
+        return self.build(self.data_dir(fileroot, seed), seed)
+
+    def trial(self, seed: int) -> str:
+        """The trial name of every run of this task and seed, so later phases find earlier ones."""
+        return f"{self.label}-seed{seed}"
+
+    def checkpoint(self, fileroot: str, experiment: str, seed: int) -> str:
+        return final_checkpoint(fileroot, experiment, self.trial(seed), "default")
+
+    def overrides(self, experiment: str, fileroot: str, seed: int) -> list[str]:
+        """The recipe as key=value options: preset, files, earlier phases' checkpoints."""
+        recipe = self.recipe(experiment)
+        files = self.paths(self.data_dir(fileroot, seed))
+        out = [f"task={self.name}", f"trial_name={self.trial(seed)}", *recipe.preset]
+        out += [f"{key}={files[name]}" for key, name in recipe.files.items()]
+        out += [
+            f"{key}={self.checkpoint(fileroot, phase, seed)}" for key, phase in recipe.checkpoints.items()
+        ]
+        return out
+
+    def provided(self, experiment: str, fileroot: str, seed: int) -> dict[str, str]:
+        """config key -> the path the task puts there (what preflight leaves to the task)."""
+        recipe = self.recipe(experiment)
+        files = self.paths(self.data_dir(fileroot, seed))
+        out = {key: files[name] for key, name in recipe.files.items()}
+        out.update({key: self.checkpoint(fileroot, phase, seed) for key, phase in recipe.checkpoints.items()})
+        return out
+
+
+def final_checkpoint(fileroot: str, experiment_name: str, trial_name: str, role: str) -> str:
+    """Where a run saves the final HF checkpoint of ``role``."""
+    return os.path.join(os.path.abspath(fileroot), experiment_name, trial_name, "checkpoints", role, "final")
+
+
+def has_checkpoint(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json"))
+
+
+_TASKS: Registry[EmbeddedTask] = Registry("embedded task")
+
+
+def register_task(task: EmbeddedTask) -> EmbeddedTask:
+    return _TASKS.register(task.name, task)
+
+
+def get_task(name: str) -> EmbeddedTask:
+    return _TASKS.get(name)
+
+
+def task_names() -> list[str]:
+    return _TASKS.names()
+
+
+DEFAULT_TASK = "sentiment"
