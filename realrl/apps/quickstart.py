@@ -136,14 +136,16 @@ def usage() -> str:
     for name in quickstart_experiments():
         cls = get_quickstart_exp(name)
         groups = [f.name for f in dataclasses.fields(cls) if _is_group(f)]
-        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        lines.append(f"  {name:<6} {doc}")
-        lines.append(f"         groups: {', '.join(groups)}")
+        doc = cls.SUMMARY or (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        lines.append(f"  {name:<12} {doc}")
+        lines.append(f"               groups: {', '.join(groups)}")
     lines += [
         "",
         "With no dataset path, an experiment runs on the embedded toy task (and runs the phases it",
         "needs first). 'python -m realrl.apps.quickstart <experiment> --help' lists every option;",
-        "'--cfg job' prints the resolved config; ppo_preset=lm_human_preferences|grpo|real applies a preset.",
+        "'--cfg job' prints the resolved config. ppo_preset=<name> applies a preset (real,",
+        "lm_human_preferences, grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, remax); task=arith runs",
+        "on the embedded arithmetic task instead of the default sentiment one.",
     ]
     return "\n".join(lines)
 

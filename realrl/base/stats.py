@@ -37,8 +37,8 @@ def atomic_write_json(path: str, obj: object) -> None:
 
 
 def _cell(value: object) -> str:
-    text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A markdown table cell."""
+    return _plain(value).replace("|", "\\|")
 
 
 class StatsWriter:
@@ -169,8 +169,12 @@ def format_table(summary: Mapping[str, object]) -> str:
 def _example(example: Mapping[str, object]) -> str:
     """``prompt => completion  [reward 1.0, ...]`` on one line."""
     prompt, completion = example.get("prompt", ""), example.get("completion", "")
-    rest = ", ".join(f"{k} {_cell(v)}" for k, v in example.items() if k not in ("prompt", "completion"))
-    return f"{_cell(prompt)!r} => {_cell(completion)!r}" + (f"  [{rest}]" if rest else "")
+    rest = ", ".join(f"{k} {_plain(v)}" for k, v in example.items() if k not in ("prompt", "completion"))
+    return f"{_plain(prompt)!r} => {_plain(completion)!r}" + (f"  [{rest}]" if rest else "")
+
+
+def _plain(value: object) -> str:
+    return (f"{value:.4g}" if isinstance(value, float) else str(value)).replace("\n", " ")
 
 
 def write_summary(run_dir: str, summary: Mapping[str, object], print_fn=print) -> str:

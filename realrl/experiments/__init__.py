@@ -4,13 +4,11 @@ Importing this package registers the quickstart experiments sft, rw, dpo, ppo, g
 reinforce_pp, remax and gen, and the embedded tasks.
 """
 
+import realrl.experiments.critic_free  # noqa: F401
 import realrl.experiments.dpo  # noqa: F401
 import realrl.experiments.gen  # noqa: F401
 import realrl.experiments.grpo  # noqa: F401
 import realrl.experiments.ppo  # noqa: F401
-import realrl.experiments.reinforce_pp  # noqa: F401
-import realrl.experiments.remax  # noqa: F401
-import realrl.experiments.rloo  # noqa: F401
 import realrl.experiments.rw  # noqa: F401
 import realrl.experiments.sft  # noqa: F401
 import realrl.experiments.tasks  # noqa: F401

@@ -130,15 +130,17 @@ def test_minibatch_whitening_scope_whitens_in_the_actor_update(tokenizer):
     opts = dict(value_norm=False, whiten_scope="minibatch", ppo_n_minibatches=2, ppo_n_epochs=2)
     a, c = iface("ppo_actor", **opts), iface("ppo_critic", **opts)
     data = rollout(tokenizer, actor, a, PROMPTS, [1.0, -1.0, 0.5, 2.0], critic=critic, critic_if=c)
-    unwhitened, _ = iface("ppo_advantages", **{**opts, "adv_norm": False}).inference(null_model(tokenizer), data)
+    unwhitened, _ = iface("ppo_advantages", **{**opts, "adv_norm": False}).inference(
+        null_model(tokenizer), data
+    )
     prepared, _ = compute_adv(tokenizer, iface("ppo_advantages", **opts), data)
     torch.testing.assert_close(prepared.data["advantages"], unwhitened.data["advantages"])
     seen = _spy_on_updates(actor)
     a.train_step(actor, data)
     assert len(seen) == 4  # 2 epochs x 2 minibatches
+    by_id = {s.ids[0]: s for s in data.unpack()}
     for mb in seen:
-        whole = SequenceSample.gather([s for s in data.unpack() if s.ids[0] in mb.ids])
-        whole = SequenceSample.gather([whole.unpack()[whole.ids.index(i)] for i in mb.ids])  # mb's order
+        whole = SequenceSample.gather([by_id[i] for i in mb.ids])  # the batch's entries, in mb's order
         mask = mb.data["ppo_loss_mask"]
         expected = F.whiten(whole.data["advantages"], shift_mean=True, mask=mask)
         torch.testing.assert_close(mb.data["advantages"], expected)
@@ -288,7 +290,7 @@ def test_overlong_penalties_by_hand():
 
 def test_overlong_shaping_through_compute_adv(tokenizer):
     gen = {"max_new_tokens": 8, "min_new_tokens": 1, "top_p": 1.0, "top_k": 0, "n": 3}
-    adv = iface("ppo_advantages", "dapo", gen=gen, overlong_buffer=4, overlong_penalty=1.0)
+    adv = iface("ppo_advantages", "dapo", gen=gen, overlong_buffer_ratio=0.5, overlong_penalty=1.0)
     assert adv.hp.adv_estimator == "grpo" and adv.hp.clip_high == 0.28
     data = _hand_rollout()
     _, stats = adv.inference(null_model(tokenizer), data)
@@ -307,17 +309,18 @@ def test_overlong_shaping_through_compute_adv(tokenizer):
     ]
     torch.testing.assert_close(torch.stack(per_seq), expected)
     # without the buffer: equal scores, zero advantages, no stat
-    plain = iface("ppo_advantages", "dapo", gen=gen, overlong_buffer=None)
+    plain = iface("ppo_advantages", "dapo", gen=gen, overlong_buffer_ratio=None)
     prepared, stats = plain.inference(null_model(tokenizer), _hand_rollout())
     assert "overlong_penalty" not in stats
     assert (prepared.data["advantages"] == 0).all()
 
 
-def test_dapo_preset_defaults_its_overlong_buffer_to_a_quarter_of_the_budget():
+def test_dapo_preset_shapes_the_last_fifth_of_the_budget():
     hp = make_ppo_hyperparameters(preset="dapo")
-    assert hp.overlong_buffer == hp.gen.max_new_tokens // 4 and hp.overlong_penalty == 1.0
-    with pytest.raises(ValueError, match="overlong_buffer"):
-        make_ppo_hyperparameters({"overlong_buffer": -1})
+    assert hp.overlong_buffer_ratio == 0.2 and hp.overlong_penalty == 1.0
+    for bad in (-1, 0, 1.5):
+        with pytest.raises(ValueError, match="overlong_buffer_ratio"):
+            make_ppo_hyperparameters({"overlong_buffer_ratio": bad})
 
 
 # ----------------------------------------------------------------------------- (d) KL in the reward
@@ -340,6 +343,22 @@ def test_estimators_without_kl_in_reward_reject_a_kl_coefficient():
             AdvantageInterface(ppo={"kl_ctl": 0.1}, preset=preset)
     for name in set(BUILTIN_ESTIMATORS) - set(no_kl):  # the others take a KL reward
         assert PPOHyperparameters(adv_estimator=name, kl_ctl=0.1).kl_ctl == 0.1
+
+
+def test_kl_coef_stat_is_the_coefficient_the_batch_was_penalised_with(tokenizer):
+    actor, ref = make_model(tokenizer), make_model(tokenizer, role="ref", seed=1, train=False)
+    opts = dict(
+        adv_estimator="rloo",
+        adaptive_kl_ctl=True,
+        kl_ctl=0.2,
+        adaptive_kl_target=0.5,
+        adaptive_kl_horizon=100,
+    )
+    a, adv = iface("ppo_actor", **opts), iface("ppo_advantages", **opts)
+    data = rollout(tokenizer, actor, a, PROMPTS, [1.0, -1.0, 0.5, 2.0], ref=ref)
+    _, stats = adv.inference(null_model(tokenizer), data)
+    assert stats["kl_coef_next"] != pytest.approx(0.2)  # the controller moved
+    assert stats["kl_coef"] == pytest.approx(0.2)
 
 
 # ----------------------------------------------------------------------------- (e) state

@@ -103,7 +103,13 @@ def test_folder_is_an_ordinary_llama_checkpoint(folder, tokenizer, model):
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == tokenizer.pad_token_id == EOS
     assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
     cfg = model.config
-    assert (cfg.n_layers, cfg.n_q_heads, cfg.n_kv_heads, cfg.hidden_dim, cfg.vocab_size) == (30, 9, 3, 576, 49152)
+    assert (cfg.n_layers, cfg.n_q_heads, cfg.n_kv_heads, cfg.hidden_dim, cfg.vocab_size) == (
+        30,
+        9,
+        3,
+        576,
+        49152,
+    )
     assert cfg.tied_embedding and model.head.weight is model.embed.wte.weight
     assert cfg.eos_token_id == cfg.pad_token_id == EOS
     assert model.dtype == torch.float32
@@ -139,7 +145,9 @@ def test_greedy_generation_equals_transformers_and_stops_at_first_eos(tokenizer,
             eos_token_id=EOS,
             pad_token_id=tokenizer.pad_token_id,
         )[0].tolist()
-        assert ours[i] == ref, f"prompt {i}: {tokenizer.decode(ours[i][len(p):])!r} vs {tokenizer.decode(ref[len(p):])!r}"
+        assert ours[i] == ref, (
+            f"prompt {i}: {tokenizer.decode(ours[i][len(p) :])!r} vs {tokenizer.decode(ref[len(p) :])!r}"
+        )
         answer = ours[i][len(p) :]
         # the answer ends at its first EOS (the pad id too: nothing is taken for padding) or at the limit
         if EOS in answer:
@@ -158,7 +166,10 @@ def test_pad_eos_batch_gives_each_sequence_its_own_logits(tokenizer, hf_model, m
     (realrl) and right-padded with an attention mask (transformers) give each sequence the logits
     it has alone."""
     answers = ["5", "The capital of France is Paris, a city on the Seine."]
-    seqs = [_chat(tokenizer, q) + tokenizer(a, add_special_tokens=False)["input_ids"] + [EOS] for q, a in zip(QUESTIONS, answers)]
+    seqs = [
+        _chat(tokenizer, q) + tokenizer(a, add_special_tokens=False)["input_ids"] + [EOS]
+        for q, a in zip(QUESTIONS, answers)
+    ]
     ids, cu = _pack(seqs)
     with torch.no_grad():
         packed = model(ids, cu)
@@ -187,12 +198,11 @@ def test_reward_is_read_at_the_last_real_token(folder, tokenizer, tmp_path):
     """rw_paired data from chat prompts: each side ends with one EOS (== pad); the reward model
     reads the EOS (``reward_position="last"``) or the token before it (``"before_eos"``), never a
     pad, and a sequence's reward does not depend on what it is packed with."""
+    import realrl.impl  # noqa: F401  (registers the datasets)
     from realrl.api.core.config import DatasetAbstraction
     from realrl.api.core.data_api import make_dataset
     from realrl.impl.interface.rw_interface import PairedRewardInterface
     from realrl.impl.model.nn.real_model import ReaLModel
-
-    import realrl.impl  # noqa: F401  (registers the datasets)
 
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 13 + 18? Put the final answer after ####."}],
@@ -233,11 +243,10 @@ def test_reward_is_read_at_the_last_real_token(folder, tokenizer, tmp_path):
 def test_sft_answer_keeps_its_eos_in_the_loss(tokenizer, tmp_path):
     """prompt_answer on a chat prompt: prompt + answer + one EOS; the loss covers the answer and the
     EOS (the model learns to stop), and nothing of the answer is taken for padding."""
+    import realrl.impl  # noqa: F401
     from realrl.api.core.config import DatasetAbstraction
     from realrl.api.core.data_api import make_dataset
     from realrl.impl.interface.common import answer_loss_mask
-
-    import realrl.impl  # noqa: F401
 
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 7 * 6? Put the final answer after ####."}],

@@ -18,7 +18,15 @@ def score(completion, answer, **kwargs):
 
 def test_all_names_registered():
     names = set(registered_reward_fns())
-    assert {"math_answer", "gsm8k", "exact_match", "regex_match", "format", "combined", "weighted_sum"} <= names
+    assert {
+        "math_answer",
+        "gsm8k",
+        "exact_match",
+        "regex_match",
+        "format",
+        "combined",
+        "weighted_sum",
+    } <= names
     assert get_reward_fn("math_answer") is math_answer_reward
     assert get_reward_fn("weighted_sum") is combined_reward
 
@@ -43,7 +51,10 @@ def test_all_names_registered():
         ("\\boxed{+7}", "7"),
         ("\\boxed{50\\%}", "50"),
         ("about \\boxed{1{,}000} people", "1000"),
-        ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 eggs.\n#### 18", "She makes 9 * 2 = $<<9*2=18>>18.\n#### 18"),
+        (
+            "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 eggs.\n#### 18",
+            "She makes 9 * 2 = $<<9*2=18>>18.\n#### 18",
+        ),
         ("He has 72 now", "Natalia sold 48/2 = <<48/2=24>>24 clips.\n48+24 = <<48+24=72>>72\n#### 72"),
         ("answer: \\boxed{\\text{(B)}}", "(b)"),
         ("\\boxed{\\left( 1, 2 \\right)}", "(1,2)"),
@@ -95,7 +106,10 @@ def test_math_answer_options():
 
 def test_math_answer_batches_and_answer_key():
     out = math_answer_reward(
-        ["q1", "q2", "q3"], ["\\boxed{1}", "#### 2", "3"], solution=["1", "x #### 5", "3"], answer_key="solution"
+        ["q1", "q2", "q3"],
+        ["\\boxed{1}", "#### 2", "3"],
+        solution=["1", "x #### 5", "3"],
+        answer_key="solution",
     )
     assert out == [1.0, 0.0, 1.0]
 
@@ -265,7 +279,10 @@ def test_combined_passes_own_kwargs_over_shared():
 @pytest.mark.parametrize(
     "rewards, message",
     [
-        ({"math_answer": 1.0, "no_such_reward": 1.0}, r"unknown reward function 'no_such_reward'.*math_answer"),
+        (
+            {"math_answer": 1.0, "no_such_reward": 1.0},
+            r"unknown reward function 'no_such_reward'.*math_answer",
+        ),
         ([{"weight": 1.0}], "must be a mapping with a 'name'"),
         ([{"name": "format", "wieght": 1.0}], r"unknown keys \['wieght'\]"),
         ({"math_answer": "heavy"}, "must be a finite number"),
@@ -297,6 +314,8 @@ def test_combined_checks_every_name_before_calling_any(tmp_path):
 
 def test_combined_accepts_module_function(tmp_path):
     plugin = tmp_path / "my_reward.py"
-    plugin.write_text("def length(prompts, completions, **kw):\n    return [float(len(c)) for c in completions]\n")
+    plugin.write_text(
+        "def length(prompts, completions, **kw):\n    return [float(len(c)) for c in completions]\n"
+    )
     out = combined_reward([""], ["abcd"], rewards={f"{plugin}:length": 0.5, "format": 1.0})
     assert out == [2.0]

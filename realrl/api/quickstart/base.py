@@ -48,6 +48,7 @@ class CommonExperimentConfig:
     keys, or ``*`` patterns, each plot draws) and ``PROGRESS`` (the progress bar's fields: label ->
     keys, the first present in a step's record is shown)."""
 
+    SUMMARY: ClassVar[str] = ""  # one line for --help (default: the first line of its module's docstring)
     CURVES: ClassVar[dict[str, list[str]]] = {}
     PROGRESS: ClassVar[dict[str, tuple[str, ...]]] = {}
 

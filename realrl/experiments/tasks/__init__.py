@@ -1,6 +1,7 @@
 """The embedded tasks (``task=<name>`` with no dataset path): importing this package registers
 them. ``sentiment`` is the default; ``arith`` is arithmetic with reference answers."""
 
+from realrl.experiments.tasks.arith import ARITH
 from realrl.experiments.tasks.base import (
     DEFAULT_TASK,
     EmbeddedTask,
@@ -14,6 +15,7 @@ from realrl.experiments.tasks.base import (
 from realrl.experiments.tasks.sentiment import SENTIMENT
 
 __all__ = [
+    "ARITH",
     "DEFAULT_TASK",
     "SENTIMENT",
     "EmbeddedTask",

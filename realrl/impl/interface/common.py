@@ -123,37 +123,29 @@ def per_sequence_sample(
     data: SequenceSample, key: str, values: torch.Tensor, ref_key: str = INPUT_KEY
 ) -> SequenceSample:
     """A ``SequenceSample`` holding one value of ``key`` per sequence of ``ref_key``."""
-    n_per_sample = [len(x) for x in data.seqlens[ref_key]]
-    return SequenceSample(
-        keys={key},
-        trailing_shapes={key: tuple(values.shape[1:])},
-        dtypes={key: values.dtype},
-        ids=list(data.ids),
-        seqlens={key: [[1] * n for n in n_per_sample]},
-        data={key: values},
-    )
+    return _sample_like(data, key, values, [[1] * len(row) for row in data.seqlens[ref_key]])
 
 
 def token_minus_one_sample(data: SequenceSample, key: str, values: torch.Tensor) -> SequenceSample:
     """A ``SequenceSample`` holding ``key`` with L - 1 entries per sequence of ``packed_input_ids``."""
-    return SequenceSample(
-        keys={key},
-        trailing_shapes={key: tuple(values.shape[1:])},
-        dtypes={key: values.dtype},
-        ids=list(data.ids),
-        seqlens={key: [[max(n - 1, 0) for n in row] for row in data.seqlens[INPUT_KEY]]},
-        data={key: values},
-    )
+    return _sample_like(data, key, values, [[max(n - 1, 0) for n in row] for row in data.seqlens[INPUT_KEY]])
 
 
 def token_sample(data: SequenceSample, key: str, values: torch.Tensor) -> SequenceSample:
     """A ``SequenceSample`` holding ``key`` with L entries per sequence of ``packed_input_ids``."""
+    return _sample_like(data, key, values, [list(row) for row in data.seqlens[INPUT_KEY]])
+
+
+def _sample_like(
+    data: SequenceSample, key: str, values: torch.Tensor, seqlens: list[list[int]]
+) -> SequenceSample:
+    """``values`` as key ``key`` of a sample with ``data``'s ids and the given lengths."""
     return SequenceSample(
         keys={key},
         trailing_shapes={key: tuple(values.shape[1:])},
         dtypes={key: values.dtype},
         ids=list(data.ids),
-        seqlens={key: [list(row) for row in data.seqlens[INPUT_KEY]]},
+        seqlens={key: seqlens},
         data={key: values},
     )
 

@@ -87,10 +87,9 @@ class AdvantageInterface(ModelInterface):
 
         # 1. scores
         score, stats = shape_scores(hp, data, truncate_id)
-        if hp.overlong_buffer:
-            penalty = overlong_penalties(
-                loss_mask, cu, hp.gen.max_new_tokens, hp.overlong_buffer, hp.overlong_penalty
-            )
+        if hp.overlong_buffer_ratio:
+            buffer = max(1, round(hp.overlong_buffer_ratio * hp.gen.max_new_tokens))
+            penalty = overlong_penalties(loss_mask, cu, hp.gen.max_new_tokens, buffer, hp.overlong_penalty)
             score = score - penalty
             stats["overlong_penalty"] = float(penalty.mean())
         # 2. KL rewards
@@ -129,6 +128,7 @@ class AdvantageInterface(ModelInterface):
         if hp.adv_norm and hp.whiten_scope == "batch":
             advantages = F.whiten(advantages, shift_mean=True, mask=loss_mask)
         # 5. the controller and the value moments
+        kl_coef = float(self.kl_ctl.value)  # what this batch was penalised with
         mean_kl, n_seqs = rollout_kl(data)
         self.kl_ctl.update(mean_kl, n_seqs)
         parts = [
@@ -147,7 +147,7 @@ class AdvantageInterface(ModelInterface):
         n_tok = loss_mask.float().sum().clamp(min=1)
         n = cu.shape[0] - 1
         stats.update(
-            kl_coef=float(self.kl_ctl.value),
+            kl_coef=kl_coef,
             ref_kl=mean_kl,
             kl_coef_next=float(self.kl_ctl.value),
             kl_reward=float(kl_rewards.sum() / n),

@@ -57,9 +57,9 @@ class PPOHyperparameters:
     reward_output_bias: float = 0.0
     max_reward_clip: float | None = 20.0
     reward_whiten: bool = False
-    # DAPO's overlong reward shaping: a response longer than gen.max_new_tokens - overlong_buffer
-    # loses up to overlong_penalty, linearly over the buffer (0 / None: off)
-    overlong_buffer: int | None = None
+    # DAPO's overlong reward shaping: over the last overlong_buffer_ratio of gen.max_new_tokens
+    # (DAPO: 4096 of 20480, 0.2) a response loses up to overlong_penalty, linearly (None: off)
+    overlong_buffer_ratio: float | None = None
     overlong_penalty: float = 1.0
 
     # KL penalty in the reward
@@ -113,7 +113,10 @@ class PPOHyperparameters:
             (self.adv_estimator in estimators, f"adv_estimator must be one of {estimators}"),
             (self.policy_loss in losses, f"policy_loss must be one of {losses}"),
             (self.loss_agg_mode in AGGREGATIONS, f"loss_agg_mode must be one of {list(AGGREGATIONS)}"),
-            (self.overlong_buffer is None or self.overlong_buffer >= 0, "overlong_buffer must be >= 0"),
+            (
+                self.overlong_buffer_ratio is None or 0 < self.overlong_buffer_ratio <= 1,
+                "overlong_buffer_ratio must be in (0, 1]",
+            ),
             (self.kl_estimator in ("k1", "k2", "k3"), "kl_estimator must be 'k1', 'k2' or 'k3'"),
             (self.whiten_scope in ("batch", "minibatch"), "whiten_scope must be 'batch' or 'minibatch'"),
             (self.ppo_n_epochs >= 1, "ppo_n_epochs must be >= 1"),
@@ -214,21 +217,27 @@ def lm_human_preferences_preset() -> dict[str, Any]:
     )
 
 
-def grpo_preset() -> dict[str, Any]:
-    """GRPO (DeepSeekMath): 4 answers per prompt, group-normalised advantages, no critic, no KL
-    in the reward, k3 KL to the reference in the loss with coefficient 0.04."""
+def _critic_free(estimator: str, kl_ctl: float) -> dict[str, Any]:
+    """K = 4 answers per prompt, no critic, a fixed KL coefficient in the reward (k1, per token;
+    0: none), no advantage whitening beyond the estimator's own, one minibatch."""
     gen = real_generation_defaults()
     gen.n = 4
     return dict(
         gen=gen,
-        adv_estimator="grpo",
-        kl_ctl=0.0,
+        adv_estimator=estimator,
+        kl_ctl=kl_ctl,
         adaptive_kl_ctl=False,
-        kl_loss_coef=0.04,
+        kl_loss_coef=0.0,
         adv_norm=False,
         value_norm=False,
         ppo_n_minibatches=1,
     )
+
+
+def grpo_preset() -> dict[str, Any]:
+    """GRPO (DeepSeekMath): 4 answers per prompt, group-normalised advantages, no critic, no KL
+    in the reward, k3 KL to the reference in the loss with coefficient 0.04."""
+    return {**_critic_free("grpo", kl_ctl=0.0), "kl_loss_coef": 0.04}
 
 
 def dr_grpo_preset() -> dict[str, Any]:
@@ -246,17 +255,14 @@ def dr_grpo_preset() -> dict[str, Any]:
 def dapo_preset() -> dict[str, Any]:
     """DAPO ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", Yu et al. 2025):
     clip-higher (0.2 / 0.28), token-level loss aggregation, overlong reward shaping over the last
-    quarter of the length budget, no KL term."""
-    gen = real_generation_defaults()
-    gen.n = 4
+    fifth of the length budget, no KL term."""
     return {
         **grpo_preset(),
-        "gen": gen,
         "eps_clip": 0.2,
         "eps_clip_high": 0.28,
         "loss_agg_mode": "token-mean",
         "kl_loss_coef": 0.0,
-        "overlong_buffer": max(gen.max_new_tokens // 4, 1),
+        "overlong_buffer_ratio": 0.2,
         "overlong_penalty": 1.0,
     }
 
@@ -273,21 +279,6 @@ def gspo_preset() -> dict[str, Any]:
         "loss_agg_mode": "seq-mean-token-mean",
         "kl_loss_coef": 0.0,
     }
-
-
-def _critic_free(estimator: str, kl_ctl: float) -> dict[str, Any]:
-    """K answers per prompt, no critic, the KL penalty in the reward (k1, per token)."""
-    gen = real_generation_defaults()
-    gen.n = 4
-    return dict(
-        gen=gen,
-        adv_estimator=estimator,
-        kl_ctl=kl_ctl,
-        kl_loss_coef=0.0,
-        adv_norm=False,
-        value_norm=False,
-        ppo_n_minibatches=1,
-    )
 
 
 def rloo_preset() -> dict[str, Any]:

@@ -17,7 +17,9 @@ correctness reward (``math_answer`` against the true answer in the RL rows) to t
   answers (the ``prompt`` dataset's format; pass ``dataset.metadata_keys=[answer]``);
 - ``manifest.json``: the config, its fingerprint, counts and the teacher's accuracy.
 
-Validation problems never appear in the training files.
+Validation problems never appear in the training files. ``ops=("+", "-", "*")`` adds the
+multiplication table up to ``max_mul_operand`` (the teacher's mistake: one row too many); a held-out
+product is a fact the model never saw, so its validation score measures recall more than skill.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ MAX_VALID_SHARE = 0.2  # of each pool of training problems
 class ArithTaskConfig:
     seed: int = 1
     n_train: int = 20000  # RL training prompts (drawn with replacement from the training problems)
-    n_valid: int = 500  # held-out problems (both sft_valid and rl_valid)
+    n_valid: int = 500  # held-out problems (both sft_valid and rl_valid; fewer for a small pool)
     n_sft_train: int = 10000  # supervised rows from the noisy teacher
     ops: tuple[str, ...] = ("+", "-")
     max_operand: int = 99  # "+" and "-": operands 0..max_operand ("-": never below zero)
@@ -253,8 +255,12 @@ def build_arith_task(out_dir: str, cfg: ArithTaskConfig | None = None) -> dict[s
     manifest = {
         "fingerprint": cfg.fingerprint(),
         "config": dataclasses.asdict(cfg),
-        "counts": {"sft_train": len(sft_train), "sft_valid": len(sft_valid), "rl_train": len(rl_train)}
-        | {"rl_valid": len(rl_valid)},
+        "counts": {
+            "sft_train": len(sft_train),
+            "sft_valid": len(sft_valid),
+            "rl_train": len(rl_train),
+            "rl_valid": len(rl_valid),
+        },
         "teacher_accuracy": sft_acc,
         "valid_carry_fraction": sum(needs_carry(*p) for p in valid) / len(valid),
         "max_new_tokens": max_answer_tokens(cfg),
@@ -273,7 +279,7 @@ def max_answer_tokens(cfg: ArithTaskConfig) -> int:
 
 
 def arith_model_config(n_positions: int = 32) -> dict:
-    """The arithmetic task's tiny llama-family decoder (d=128, 4 layers, 4 heads; about 0.8M
+    """The arithmetic task's tiny llama-family decoder (d=128, 4 layers, 4 heads; 0.86M
     parameters). A ``ReaLModelConfig`` field dict: what the "real_model" factory takes as ``config=``."""
     return {
         "n_layers": 4,

@@ -1,0 +1,108 @@
+"""Every RL algorithm on the embedded tasks, from the CLI with no other argument, per seed: the
+held-out score of the SFT policy and of the trained policy, the KL to the reference and the wall
+time of the RL phase (the SFT and reward-model phases run once per seed and are shared).
+
+    python benchmarks/bench_algorithms.py --seeds 1 2 3                 # the sentiment task
+    python benchmarks/bench_algorithms.py --task arith --seeds 1 2 3    # the arithmetic task
+
+Sentiment: the true reward (positive minus negative words, -2 without a final '.'). Arithmetic:
+exact-match accuracy, greedy, on the held-out problems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# (label, command-line arguments)
+SENTIMENT_RUNS = [
+    ("ppo", ["ppo"]),
+    ("grpo", ["grpo"]),
+    ("dr_grpo", ["grpo", "ppo_preset=dr_grpo"]),
+    ("dapo", ["grpo", "ppo_preset=dapo"]),
+    ("gspo", ["grpo", "ppo_preset=gspo"]),
+    ("rloo", ["rloo"]),
+    ("reinforce_pp", ["reinforce_pp"]),
+    ("remax", ["remax"]),
+]
+ARITH_RUNS = [("grpo", ["grpo", "task=arith"]), ("rloo", ["rloo", "task=arith"])]
+# a preset's own sampling (256 tokens, top-p 0.9) is not the task's: keep the task's
+TASK_SAMPLING = ["ppo.gen.max_new_tokens=13", "ppo.gen.top_p=1.0", "ppo.gen.top_k=0", "ppo.gen.n=4"]
+
+
+def run(label: str, args: list[str], seed: int, fileroot: str, task: str) -> dict:
+    extra = TASK_SAMPLING if any(a.startswith("ppo_preset=") for a in args) and task == "sentiment" else []
+    trial = f"{label}-seed{seed}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "realrl.apps.quickstart",
+        *args,
+        f"fileroot={fileroot}",
+        f"seed={seed}",
+        *extra,
+    ]
+    cmd.append(f"experiment_name={label}")
+    start = time.time()
+    with open(os.path.join(fileroot, f"{trial}.log"), "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"{label} seed {seed} failed (exit {proc.returncode}); see {log.name}")
+    prefix = "toy" if task == "sentiment" else "arith"
+    with open(os.path.join(fileroot, label, f"{prefix}-seed{seed}", "summary.json")) as f:
+        summary = json.load(f)
+    return {"label": label, "seed": seed, "wall_s": time.time() - start, **summary}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--task", choices=("sentiment", "arith"), default="sentiment")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    parser.add_argument("--fileroot", default=None, help="default: a fresh temporary folder")
+    args = parser.parse_args()
+    fileroot = args.fileroot or tempfile.mkdtemp(prefix="realrl-bench-algorithms-")
+    os.makedirs(fileroot, exist_ok=True)
+    runs = SENTIMENT_RUNS if args.task == "sentiment" else ARITH_RUNS
+    runs = [r for r in runs if not args.only or r[0] in args.only]
+    before, after = (
+        ("sft_true_reward_mean", "true_reward_mean")
+        if args.task == "sentiment"
+        else ("sft_accuracy", "accuracy")
+    )
+    rows = []
+    for label, cli in runs:
+        for seed in args.seeds:
+            r = run(label, cli, seed, fileroot, args.task)
+            rows.append(r)
+            print(
+                json.dumps({k: r.get(k) for k in ("label", "seed", before, after, "kl", "wall_s")}),
+                flush=True,
+            )
+    print(f"\n{args.task} task, {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}); mean (min..max)")
+    print("| algorithm | SFT policy | after RL | gain | KL to reference | RL wall s |")
+    print("|---|---|---|---|---|---|")
+    for label, _ in runs:
+        mine = [r for r in rows if r["label"] == label]
+
+        def cell(key: str, mine: list[dict] = mine) -> str:
+            values = [r[key] for r in mine if r.get(key) is not None]
+            if not values:
+                return "-"
+            return f"{statistics.mean(values):.3g} ({min(values):.3g}..{max(values):.3g})"
+
+        gains = [r[after] - r[before] for r in mine]
+        gain = f"{statistics.mean(gains):+.3g} ({min(gains):+.3g}..{max(gains):+.3g})"
+        print(f"| {label} | {cell(before)} | {cell(after)} | {gain} | {cell('kl')} | {cell('wall_s')} |")
+
+
+if __name__ == "__main__":
+    main()
