@@ -188,6 +188,11 @@ class PPOConfig(CommonExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("critic_head_init", self.critic_head_init, ("reward", "zeros"))
+        if self.exp_ctrl.eval_freq_steps is not None:
+            raise ValueError(
+                "exp_ctrl.eval_freq_steps: RL experiments do not evaluate during training yet; an embedded "
+                "task's summary evaluates the policy before and after, on held-out prompts"
+            )
         if self.toy_eval_prompts < 1:
             raise ValueError(f"toy_eval_prompts must be >= 1, got {self.toy_eval_prompts}")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from realrl.api.core.model_api import GenerationHyperparameters
-from realrl.experiments.tasks.base import EmbeddedTask, Recipe, final_checkpoint, register_task
+from realrl.experiments.tasks.base import EmbeddedTask, Recipe, final_checkpoint, register_task, sft_recipe
 from realrl.impl.dataset.toy.arith import ArithTaskConfig, arith_model_config, arith_paths, build_arith_task
 
 ONE_THREAD = ("torch_threads=1",)
@@ -86,15 +86,7 @@ ARITH = register_task(
         paths=arith_paths,
         model_config=arith_model_config,
         recipes={
-            "sft": Recipe(
-                SFT_PRESET,
-                {
-                    "dataset.train_path": "sft_train",
-                    "dataset.valid_path": "sft_valid",
-                    "tokenizer_path": "tokenizer",
-                },
-                init_model=True,
-            ),
+            "sft": sft_recipe(SFT_PRESET),
             # PPO's critic starts from the SFT model, as there is no reward model
             "ppo": Recipe(
                 RL_PRESET + ("ppo.gen.n=1", "dataset.train_bs_n_seqs=128", "critic.optimizer.lr=1e-3"),

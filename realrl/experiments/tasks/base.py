@@ -27,7 +27,6 @@ class Recipe:
     files: dict[str, str] = dataclasses.field(default_factory=dict)  # config key -> task file name
     # config key -> the phase (experiment name) whose final checkpoint the key points at
     checkpoints: dict[str, str] = dataclasses.field(default_factory=dict)
-    init_model: bool = False  # the model starts from random weights of the task's model config
     # (run config) -> figures for summary.json, measured on the task's held-out data
     summarize: Callable[[Any], dict[str, Any]] | None = None
 
@@ -89,6 +88,17 @@ class EmbeddedTask:
         out = {key: files[name] for key, name in recipe.files.items()}
         out.update({key: self.checkpoint(fileroot, phase, seed) for key, phase in recipe.checkpoints.items()})
         return out
+
+
+def sft_recipe(preset: tuple[str, ...]) -> Recipe:
+    """Supervised fine-tuning on a task's ``sft_train`` / ``sft_valid`` files, from random weights
+    of the task's model config (the model has no checkpoint path)."""
+    files = {
+        "dataset.train_path": "sft_train",
+        "dataset.valid_path": "sft_valid",
+        "tokenizer_path": "tokenizer",
+    }
+    return Recipe(preset, files)
 
 
 def final_checkpoint(fileroot: str, experiment_name: str, trial_name: str, role: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from realrl.experiments.tasks.base import EmbeddedTask, Recipe, final_checkpoint, register_task
+from realrl.experiments.tasks.base import EmbeddedTask, Recipe, final_checkpoint, register_task, sft_recipe
 from realrl.impl.dataset.toy import ToyTaskConfig, build_toy_task
 from realrl.impl.dataset.toy.corpus import toy_model_config, toy_paths
 
@@ -121,15 +121,7 @@ SENTIMENT = register_task(
         paths=toy_paths,
         model_config=toy_model_config,
         recipes={
-            "sft": Recipe(
-                SFT_PRESET,
-                {
-                    "dataset.train_path": "sft_train",
-                    "dataset.valid_path": "sft_valid",
-                    "tokenizer_path": "tokenizer",
-                },
-                init_model=True,
-            ),
+            "sft": sft_recipe(SFT_PRESET),
             "rw": Recipe(
                 RW_PRESET,
                 {

@@ -32,9 +32,9 @@ import shutil
 
 import numpy as np
 
+from realrl.impl.dataset.toy.word_tokenizer import BOS, EOS, PAD, UNK, save_word_level_tokenizer
 from realrl.impl.rewards.math_answer import math_answer_reward
 
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 ANSWER_MARKER = "####"
 DIGITS = tuple("0123456789")
 SYMBOLS = ("+", "-", "*", "=", "?", ANSWER_MARKER)
@@ -176,33 +176,15 @@ def save_arith_tokenizer(folder: str) -> str:
     ``"47 + 38 = ?"`` give the same tokens; decoding joins tokens with no spaces, so
     ``decode(encode(x)) == x`` for text written as this task writes it.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Regex, decoders, pre_tokenizers
 
-    vocab = {tok: i for i, tok in enumerate(TOKENS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
+    split = pre_tokenizers.Sequence(
         [
             pre_tokenizers.WhitespaceSplit(),
             pre_tokenizers.Split(Regex(r"\d|####|[+\-*=?]"), behavior="isolated"),
         ]
     )
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        unk_token=UNK,
-        clean_up_tokenization_spaces=False,
-    )
-    tmp = folder.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    fast.save_pretrained(tmp)
-    os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return folder
+    return save_word_level_tokenizer(folder, TOKENS, split, decoders.Fuse())
 
 
 def _write_jsonl(path: str, rows: list[dict]) -> None:

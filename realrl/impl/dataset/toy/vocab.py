@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import os
+
+from realrl.impl.dataset.toy.word_tokenizer import BOS, EOS, PAD, UNK, save_word_level_tokenizer
 
 POSITIVE = (
     "good great happy joy love nice kind bright calm brave "
@@ -14,7 +14,6 @@ POSITIVE = (
 NEGATIVE = (
     "bad sad angry hate awful cruel dark cold fear grim harsh lost mean pain rude sick sour ugly weak worse"
 ).split()
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SEPARATOR = "|"
 PERIOD = "."
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -61,29 +60,12 @@ class ToyVocab:
 
     def save_tokenizer(self, folder: str) -> str:
         """Write a ``PreTrainedTokenizerFast`` folder that ``AutoTokenizer`` loads offline."""
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-        from transformers import PreTrainedTokenizerFast
+        from tokenizers import decoders, pre_tokenizers
 
-        vocab = {tok: i for i, tok in enumerate(self.tokens)}
-        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # words joined by single spaces
-        fast = PreTrainedTokenizerFast(
-            tokenizer_object=tok,
-            pad_token=PAD,
-            bos_token=BOS,
-            eos_token=EOS,
-            unk_token=UNK,
-            clean_up_tokenization_spaces=False,
+        return save_word_level_tokenizer(
+            folder,
+            self.tokens,
+            pre_tokenizers.WhitespaceSplit(),
+            decoders.WordPiece(prefix="##", cleanup=False),  # words joined by single spaces
+            {"toy_vocab.json": {"positive": POSITIVE, "negative": NEGATIVE, "n_neutral": self.n_neutral}},
         )
-        tmp = folder.rstrip("/") + ".tmp"
-        fast.save_pretrained(tmp)
-        with open(os.path.join(tmp, "toy_vocab.json"), "w") as f:
-            json.dump({"positive": POSITIVE, "negative": NEGATIVE, "n_neutral": self.n_neutral}, f)
-        os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
-        if os.path.exists(folder):
-            import shutil
-
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-        return folder
