@@ -1,6 +1,6 @@
 """Arithmetic questions in the model's chat format, one JSON-lines file per training phase.
 
-    python examples/real_model/make_arith_prompts.py --model ./smollm2-135m-instruct --out ./arith
+    python examples/real_model/make_arith_prompts.py --model outputs/smollm2-135m-instruct --out outputs/arith
 
 writes, under ``--out``:
 
@@ -117,7 +117,7 @@ def build(args: argparse.Namespace, tokenizer) -> dict[str, list[dict]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="an HF folder whose tokenizer has the chat template (--format text)")
-    p.add_argument("--out", default="./arith", help="folder for the .jsonl files")
+    p.add_argument("--out", default="outputs/arith", help="folder for the .jsonl files")
     p.add_argument("--format", choices=("text", "messages"), default="text")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--n-sft", type=int, default=2000)

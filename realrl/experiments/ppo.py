@@ -36,11 +36,27 @@ class PPOInterfaces:
     critic: ModelInterfaceAbstraction | None = None  # with a critic (GAE)
     greedy_actor: ModelInterfaceAbstraction | None = None  # ReMax's baseline rollout
 
+    @staticmethod
+    def of(
+        hp: PPOHyperparameters, reward: ModelInterfaceAbstraction | None = None, actor: str = "ppo_actor"
+    ) -> PPOInterfaces:
+        """The registered PPO-family interfaces with options ``hp`` (``actor``: the actor's
+        interface name); the reward: a reward model unless given."""
+        ppo = {"ppo": dataclasses.asdict(hp)}
+        greedy = dataclasses.replace(hp, gen=dataclasses.replace(hp.gen, greedy=True, n=1))
+        return PPOInterfaces(
+            actor=ModelInterfaceAbstraction(actor, ppo),
+            reward=reward or ModelInterfaceAbstraction("paired_rw"),
+            advantages=ModelInterfaceAbstraction("ppo_advantages", ppo),
+            critic=ModelInterfaceAbstraction("ppo_critic", ppo) if hp.uses_critic else None,
+            greedy_actor=ModelInterfaceAbstraction(actor, {"ppo": dataclasses.asdict(greedy)}),
+        )
+
 
 def ppo_mfcs(
     n_seqs: int,
-    hp: PPOHyperparameters,
-    ifaces: PPOInterfaces,
+    hp: PPOHyperparameters | None = None,
+    ifaces: PPOInterfaces | None = None,
     mb_specs: dict[str, MicroBatchSpec] | None = None,
     reward_inputs: tuple[str, ...] = ("packed_input_ids",),
 ) -> list[MFCDef]:
@@ -51,6 +67,8 @@ def ppo_mfcs(
     With ReMax, ``actor_gen_greedy -> rew_inf_greedy`` adds the baseline's greedy answers and
     their scores; without a critic both critic calls go. A reward plugin also reads
     ``prompt_mask`` (``reward_inputs``) to split prompt from answer."""
+    hp = hp or PPOHyperparameters()
+    ifaces = ifaces or PPOInterfaces.of(hp)
     mb = mb_specs or {}
     gen, inf, train = ModelInterfaceType.GENERATE, ModelInterfaceType.INFERENCE, ModelInterfaceType.TRAIN_STEP
     nodes = [
@@ -230,17 +248,7 @@ class PPOConfig(CommonExperimentConfig):
         ref_path = self.ref.path or actor_path
         critic_path = self.critic.path or rew_path or actor_path  # from the RM when there is one
         tokenizer = tokenizer or actor_path
-        ppo = {"ppo": dataclasses.asdict(self.ppo)}
-        greedy = dataclasses.replace(self.ppo, gen=dataclasses.replace(self.ppo.gen, greedy=True, n=1))
-        ifaces = PPOInterfaces(
-            actor=ModelInterfaceAbstraction(self._actor_interface(), ppo),
-            reward=ModelInterfaceAbstraction("null"),  # set below, with the reward role
-            advantages=ModelInterfaceAbstraction("ppo_advantages", ppo),
-            critic=ModelInterfaceAbstraction("ppo_critic", ppo) if self.uses_critic else None,
-            greedy_actor=ModelInterfaceAbstraction(
-                self._actor_interface(), {"ppo": dataclasses.asdict(greedy)}
-            ),
-        )
+        ifaces = PPOInterfaces.of(self.ppo, actor=self._actor_interface())
         actor = dataclasses.replace(self.actor, path=actor_path)
         ref = dataclasses.replace(self.ref, path=ref_path)
         critic = dataclasses.replace(self.critic, path=critic_path)

@@ -21,24 +21,29 @@ def test_ppo_graph_edges_match_design():
         ("actor_gen", "rew_inf"),
         ("actor_gen", "ref_inf"),
         ("actor_gen", "critic_inf"),
+        ("actor_gen", "compute_adv"),
         ("actor_gen", "actor_train"),
         ("actor_gen", "critic_train"),
-        ("rew_inf", "actor_train"),
-        ("rew_inf", "critic_train"),
+        ("rew_inf", "compute_adv"),
+        ("ref_inf", "compute_adv"),
         ("ref_inf", "actor_train"),
-        ("ref_inf", "critic_train"),
-        ("critic_inf", "actor_train"),
-        ("critic_inf", "critic_train"),
+        ("critic_inf", "compute_adv"),
+        ("compute_adv", "actor_train"),
+        ("compute_adv", "critic_train"),
     }
     assert set(g.edges) == expected
     assert g.edges["actor_gen", "critic_inf"]["keys"] == ["packed_input_ids", "seq_no_eos_mask"]
-    assert g.edges["rew_inf", "actor_train"]["keys"] == ["rewards"]
+    assert g.edges["rew_inf", "compute_adv"]["keys"] == ["rewards"]
+    assert g.edges["compute_adv", "actor_train"]["keys"] == ["advantages", "ppo_loss_mask"]
+    assert g.edges["compute_adv", "critic_train"]["keys"] == ["old_values", "returns", "ppo_loss_mask"]
     assert g.nodes["actor_gen"]["mfc"].interface_type is ModelInterfaceType.GENERATE
+    assert g.nodes["compute_adv"]["mfc"].whole_batch
     assert {n: g.nodes[n]["mfc"].model_name.role for n in g} == {
         "actor_gen": "actor",
         "rew_inf": "reward",
         "ref_inf": "ref",
         "critic_inf": "critic",
+        "compute_adv": "adv",
         "actor_train": "actor",
         "critic_train": "critic",
     }

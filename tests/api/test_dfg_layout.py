@@ -59,13 +59,15 @@ def test_quickstart_graphs_are_readable(graphs, name):
 
 def test_ppo_columns_follow_generations(graphs):
     layout = layout_graph(graphs["ppo"])
-    x = {n: layout.boxes[n].x for n in ("actor_gen", "rew_inf", "ref_inf", "critic_inf", "actor_train")}
-    assert layout.boxes[DATASET].x < x["actor_gen"] < x["rew_inf"] == x["critic_inf"] < x["actor_train"]
+    names = ("actor_gen", "rew_inf", "ref_inf", "critic_inf", "compute_adv", "actor_train")
+    x = {n: layout.boxes[n].x for n in names}
+    assert layout.boxes[DATASET].x < x["actor_gen"] < x["rew_inf"] == x["critic_inf"] < x["compute_adv"]
+    assert x["compute_adv"] < x["actor_train"]
     assert layout.boxes[f"keys:{DATASET}->actor_gen"].lines == ("packed_prompts",)
     long_edge = next(r for r in layout.routes if (r.src, r.dst) == ("actor_gen", "actor_train"))
-    # two points per column: the source, its label, waypoints past generation 1 and the labels
-    # after it, the target
-    assert len(long_edge.points) == 10
+    # two points per column: the source, its label, waypoints past generations 1 and 2 and the
+    # labels after each, the target
+    assert len(long_edge.points) == 14
 
 
 def test_random_graphs_are_readable():

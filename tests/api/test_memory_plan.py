@@ -226,6 +226,6 @@ def test_command_checks_workers_against_n_devices(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip() == (
         "error: the layouts (actor_gen:d1m2p1@0,1, rew_inf:d1m2p1@0,1, ref_inf:d1m2p1@0,1, "
-        "actor_train:d1m2p1@0,1, critic_inf:d1m2p1@0,1, critic_train:d1m2p1@0,1) "
+        "critic_inf:d1m2p1@0,1, compute_adv:d1m1p1@0, actor_train:d1m2p1@0,1, critic_train:d1m2p1@0,1) "
         "need 2 workers > n_devices=1"
     )

@@ -1,5 +1,6 @@
 """The command line: errors before any worker starts, presets, resolved configs."""
 
+import os
 import re
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def test_toy_preset_only_without_a_dataset_path():
     assert cfg.trial_name == "default" and cfg.actor.optimizer.lr == 1e-5
 
 
-@pytest.mark.parametrize("name", ["sft", "rw", "dpo", "ppo", "grpo", "gen"])
+@pytest.mark.parametrize("name", ["sft", "rw", "dpo", "ppo", "grpo", "rloo", "reinforce_pp", "remax", "gen"])
 def test_every_experiment_builds_a_valid_graph_on_the_toy_task(name, tmp_path):
     cfg = build_config(name, [f"fileroot={tmp_path}"])
     exp = cfg.initial_setup()
@@ -123,11 +124,41 @@ def test_every_experiment_builds_a_valid_graph_on_the_toy_task(name, tmp_path):
             "rew_inf",
             "ref_inf",
             "critic_inf",
+            "compute_adv",
             "actor_train",
             "critic_train",
         }
-    if name == "grpo":
+    if name in ("grpo", "rloo", "reinforce_pp", "remax"):
         assert "critic_inf" not in graph and exp.models["reward"].model.type_ == "null"
+    if name == "remax":  # the greedy baseline: a second generate call and a second reward call
+        assert {"actor_gen_greedy", "rew_inf_greedy"} <= set(graph.nodes)
+        assert graph.has_edge("rew_inf_greedy", "compute_adv")
+
+
+def test_ppo_top_p_and_top_k_set_the_sampling(tmp_path):
+    cfg = build_config("ppo", [f"fileroot={tmp_path}", "ppo.top_p=0.9", "ppo.top_k=1000"])
+    assert (cfg.ppo.gen.top_p, cfg.ppo.gen.top_k) == (0.9, 1000)
+
+
+def test_lm_human_preferences_preset_sets_schedule_epsilon_and_value_head(tmp_path):
+    cfg = build_config("ppo", [f"fileroot={tmp_path}", "ppo_preset=lm_human_preferences"])
+    for group in (cfg.actor, cfg.critic):
+        opt = group.optimizer
+        assert (opt.lr_scheduler_type, opt.min_lr_ratio, opt.tf_style_eps) == ("linear", 0.0, True)
+    assert cfg.critic_head_init == "zeros" and cfg.ppo.adaptive_kl_ctl and cfg.ppo.gen.fixed_length
+
+
+def test_arith_task_sets_its_files_checker_and_metadata(tmp_path):
+    cfg = build_config("grpo", [f"fileroot={tmp_path}", "task=arith"])
+    assert cfg.task == "arith" and cfg.trial_name == "arith-seed1" and cfg.reward_fn == "math_answer"
+    assert cfg.dataset.metadata_keys == ["answer"] and cfg.dataset.path.endswith("rl_train.jsonl")
+    assert cfg.actor.path.endswith(os.path.join("sft", "arith-seed1", "checkpoints", "default", "final"))
+    with pytest.raises(UserError, match="task=arith runs on the task's own data"):
+        build_config("grpo", [f"fileroot={tmp_path}", "task=arith", "dataset.path=x.jsonl"])
+    with pytest.raises(UserError, match="not an embedded task"):
+        build_config("grpo", [f"fileroot={tmp_path}", "task=nope"])
+    with pytest.raises(UserError, match="no recipe for the 'dpo' experiment"):
+        build_config("dpo", [f"fileroot={tmp_path}", "task=arith"])
 
 
 def test_allocation_mode_reaches_the_experiment(tmp_path):

@@ -64,7 +64,7 @@ def base_argv(name: str, root, fileroot: str = "out") -> list[str]:
         "rw": ["rw", f"model.path={m}", f"dataset.train_path={root}/pairs.jsonl"],
         "dpo": ["dpo", f"actor.path={m}", f"dataset.train_path={root}/pairs.jsonl"],
         "ppo": ["ppo", f"actor.path={m}", f"rew.path={m}", f"dataset.path={root}/prompts.jsonl"],
-        "grpo": ["grpo", f"actor.path={m}", f"dataset.path={root}/prompts.jsonl"],
+        "grpo": ["grpo", f"actor.path={m}", f"dataset.path={root}/prompts.jsonl", "reward_fn=toy_sentiment"],
         "gen": ["gen", f"model.path={m}", f"dataset.path={root}/prompts.jsonl"],
     }[name] + [f"fileroot={root}/{fileroot}"]
 
@@ -153,7 +153,8 @@ def test_fuzzed_options_are_taken_or_refused_by_name(workdir, name, data):
         (["dpo"], "actor.path is required"),
         (["ppo"], "actor.path is required"),
         (["ppo", "actor.path={m}"], "rew.path is required"),
-        (["grpo"], "actor.path is required"),
+        (["grpo", "reward_fn=toy_sentiment"], "actor.path is required"),
+        (["grpo"], "grpo needs reward_fn="),
         (["gen"], "model.path is required"),
         (["sft", "model.path={root}/nope"], "model.path='{root}/nope': no such folder"),
         (["sft", "model.path={root}/sft.jsonl"], "model.path='{root}/sft.jsonl': is a file"),

@@ -13,10 +13,10 @@ import torch
 from system_graphs import alive, deterministic, kill_when_running, wait_all_exited, worker_pids
 
 from realrl.api.core.config import DatasetAbstraction, ModelAbstraction, ModelBackendAbstraction
-from realrl.api.core.config import ModelInterfaceAbstraction as Impl
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec, Timeouts
 from realrl.apps.main import run_experiment
+from realrl.impl.interface.ppo_config import make_ppo_hyperparameters
 
 ppo_module = pytest.importorskip("realrl.experiments.ppo")
 
@@ -78,9 +78,8 @@ def ppo_config(
 
     train = ModelBackendAbstraction("train", {"optimizer": {"lr": 1e-3}, "engine": {"fsdp": fsdp}})
     infer = ModelBackendAbstraction("inference")
-    mfcs = ppo_module.ppo_mfcs(
-        4, Impl("ppo_actor", {"ppo": PPO}), Impl("ppo_critic", {"ppo": PPO}), Impl("paired_rw")
-    )
+    hp = make_ppo_hyperparameters(PPO)
+    mfcs = ppo_module.ppo_mfcs(4, hp, ppo_module.PPOInterfaces.of(hp))
     return ExperimentConfig(
         experiment_name="systest-ppo",
         trial_name=trial,
@@ -90,8 +89,12 @@ def ppo_config(
             "ref": ModelSpec(real(False), infer),
             "critic": ModelSpec(real(True), train),
             "reward": ModelSpec(real(True), infer),
+            # the advantage computation: a tokenizer-only model, one worker
+            "adv": ModelSpec(
+                ModelAbstraction("null", {"tokenizer_path": tokenizer}), ModelBackendAbstraction("null")
+            ),
         },
-        allocations=allocations or TWO_WORKERS,
+        allocations={"adv": [0], **(allocations or TWO_WORKERS)},
         layouts={r: Layout.parse(t) for r, t in (layouts or {}).items()},
         datasets=[DatasetAbstraction("prompt", {"dataset_path": prompts})],
         tokenizer_path=tokenizer,

@@ -14,7 +14,7 @@ ReaL's grammar (``realrl.api.core.layout``), for the whole experiment, per model
   entry first).
 
 A call that must see the whole batch (``MFCDef.whole_batch``, e.g. the advantage computation) runs
-on the first worker of the placement it is given, in layout d1m1p1.
+on the first worker of the placement it is given, in layout d1m1p1 (on worker 0 when none names it).
 
 A model's **home** is the placement of its training call (else of its first call): its weights
 and optimizer state live there; a call in another placement runs on a copy reallocated from home.
@@ -81,7 +81,7 @@ def parse_allocation(
         calls = _per_name(allocation_mode, mfcs)
     for m in mfcs:
         if m.whole_batch:
-            calls[m.name] = _placed(Layout(), calls[m.name].workers[0])
+            calls[m.name] = _placed(Layout(), calls[m.name].workers[0] if m.name in calls else 0)
     return Allocation(calls, _homes(mfcs, calls))
 
 
@@ -108,7 +108,8 @@ def _per_name(allocation_mode: str, mfcs: Sequence[MFCDef]) -> dict[str, Placeme
     for m in mfcs:
         placement = given.get(m.name) or given.get(m.role) or given.get("*")
         if placement is None:
-            missing.append(m.name)
+            if not m.whole_batch:
+                missing.append(m.name)
         else:
             calls[m.name] = placement
     if missing:
@@ -157,7 +158,8 @@ def _manual(
     for m in mfcs:
         key = m.name if m.name in manual else m.role
         if key not in manual:
-            missing.append(m.name)
+            if not m.whole_batch:
+                missing.append(m.name)
             continue
         workers = [int(w) for w in manual[key]]
         if not workers or any(w < 0 for w in workers):
