@@ -61,7 +61,7 @@ class TagCounter:
 
 @dataclasses.dataclass
 class PostedCall:
-    """A call whose requests are out: what ``finish_call`` needs once the replies come."""
+    """A call whose requests are out: what ``CallDispatcher.finish`` needs once the replies come."""
 
     ids: list[Hashable]
     replicas: list[list[int]]  # the workers of each dp rank
