@@ -19,7 +19,12 @@ from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, m
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
 from realrl.impl.interface.ppo_advantages import advantage_inputs, advantage_outputs
 from realrl.impl.interface.ppo_config import PPOHyperparameters
-from realrl.impl.interface.ppo_rollout import ACTOR_TRAIN_KEYS, CRITIC_TRAIN_KEYS, ROLLOUT_KEYS
+from realrl.impl.interface.ppo_rollout import (
+    ACTOR_TRAIN_KEYS,
+    ADVANTAGE_INPUTS,
+    CRITIC_TRAIN_KEYS,
+    ROLLOUT_KEYS,
+)
 
 PPO_DATASET_KEYS = ("packed_prompts",)
 # ReMax's greedy rollout and its score go under their own names
@@ -189,13 +194,14 @@ class PPOConfig(CommonExperimentConfig):
     normalize_reward_on_first_batch: bool = True
     critic_head_init: str = "reward"  # reward | zeros: the head a critic gets when loaded from an LM
     toy_eval_prompts: int = 800  # held-out prompts an embedded task's summary samples
+    eval_prompts: int = 64  # held-out prompts (dataset.valid_path) of each evaluation during training
     tokenizer_path: str | None = None
 
     CURVES = {
-        "reward": ["compute_adv/task_reward", "*/eval_task_reward"],
-        "kl": ["compute_adv/ref_kl", "*/eval_ref_kl"],  # the actor's KL to the reference model
+        "reward": ["compute_adv/task_reward", "eval/task_reward"],
+        "kl": ["compute_adv/ref_kl", "eval/ref_kl"],  # the actor's KL to the reference model
         "loss": ["actor_train/loss", "critic_train/critic_loss"],
-        "length": ["compute_adv/response_length", "*/eval_response_length"],
+        "length": ["compute_adv/response_length", "eval/response_length"],
     }
     PROGRESS = {
         "reward": ("compute_adv/task_reward",),
@@ -206,11 +212,13 @@ class PPOConfig(CommonExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("critic_head_init", self.critic_head_init, ("reward", "zeros"))
-        if self.exp_ctrl.eval_freq_steps is not None:
+        if self.exp_ctrl.eval_freq_steps is not None and not self.dataset.valid_path:
             raise ValueError(
-                "exp_ctrl.eval_freq_steps: RL experiments do not evaluate during training yet; an embedded "
-                "task's summary evaluates the policy before and after, on held-out prompts"
+                "exp_ctrl.eval_freq_steps evaluates on dataset.valid_path, which is not set (give a file "
+                "of held-out prompts)"
             )
+        if self.eval_prompts < 1:
+            raise ValueError(f"eval_prompts must be >= 1, got {self.eval_prompts}")
         if self.toy_eval_prompts < 1:
             raise ValueError(f"toy_eval_prompts must be >= 1, got {self.toy_eval_prompts}")
 
@@ -289,7 +297,26 @@ class PPOConfig(CommonExperimentConfig):
             ("packed_input_ids",) if self.uses_reward_model else ("packed_input_ids", "prompt_mask")
         )
         nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, self.ppo, ifaces, mb_specs, reward_inputs)
-        return experiment_config(self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer)
+        evaluation = {}
+        if self.dataset.valid_path:  # held-out rollouts every exp_ctrl.eval_freq_steps and at the end
+            evaluation = dict(
+                eval_prompts=self.dataset.abstraction(self.dataset.valid_path),
+                eval_calls=["actor_gen", "rew_inf", "ref_inf"],
+                eval_mfcs=[
+                    mfc(
+                        "eval",
+                        "adv",
+                        ModelInterfaceType.INFERENCE,
+                        ModelInterfaceAbstraction("ppo_eval", {"ppo": dataclasses.asdict(self.ppo)}),
+                        self.dataset.train_bs_n_seqs,
+                        ADVANTAGE_INPUTS,
+                    )
+                ],
+                eval_batch_size=self.eval_prompts,
+            )
+        return experiment_config(
+            self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer, **evaluation
+        )
 
     @property
     def uses_reward_model(self) -> bool:

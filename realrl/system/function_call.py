@@ -76,9 +76,13 @@ class CallDispatcher:
     """Posts model function calls and collects their results: the master's buffer of sample
     metadata, its stream to the workers and its transfer tags, owned in one place."""
 
-    def __init__(self, buffer: SampleBuffer, stream: MasterStream, timeout: float):
+    def __init__(
+        self, buffer: SampleBuffer, stream: MasterStream, timeout: float, tags: TagCounter | None = None
+    ):
+        """``tags``: shared with another dispatcher whose calls may be in flight at the same time
+        (transfer tags must be unique among the live ones)."""
         self.buffer, self.stream, self.timeout = buffer, stream, timeout
-        self.tags = TagCounter()
+        self.tags = tags or TagCounter()
 
     def post(
         self,

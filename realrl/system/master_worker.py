@@ -25,6 +25,7 @@ from realrl.system.copies import CopyTracker
 from realrl.system.function_call import CallDispatcher, CallResult, PostedCall, post_all, run_guarded
 from realrl.system.protocol import (
     EvaluateRequest,
+    FetchEvalRequest,
     FetchRequest,
     InitializeRequest,
     LoadRecoverRequest,
@@ -343,7 +344,7 @@ class MasterWorker:
             cfg.eval_freq_steps,
             cfg.save_freq_steps,
             cfg.ckpt_freq_steps,
-            evaluates=bool(cfg.eval_datasets),
+            evaluates=bool(cfg.eval_datasets) or cfg.eval_prompts is not None,
             trains=bool(self.trained),
         )
 
@@ -385,6 +386,10 @@ class MasterWorker:
         cfg = self.config
         if not self.schedule.eval_due(step + 1):
             return
+        if cfg.eval_prompts is not None:
+            if mfc.role == self._mfc(cfg.eval_calls[0]).role:  # once, after the policy's update
+                await self._evaluate_rollouts(step)
+            return
         placement = cfg.placement(mfc.role)
         req = EvaluateRequest(mfc.role, mfc.name)
         replies = await post_all(
@@ -396,6 +401,39 @@ class MasterWorker:
         for k in keys:
             values = [r[k] for r in heads if k in r]
             record[f"{mfc.name}/{k}"] = sum(values) / len(values)
+
+    async def _evaluate_rollouts(self, step: int) -> None:
+        """An RL run's evaluation after ``step``: the graph's ``eval_calls`` (generate, score,
+        reference) and then the ``eval_mfcs`` on the held-out prompts, with their own buffer and
+        ids; the statistics of the ``eval_mfcs`` go into this step's record as ``eval/<stat>``."""
+        cfg = self.config
+        owner = cfg.data_workers()[0]
+        timeout = cfg.timeouts.request
+        reply = (await post_all(self.stream, {owner: FetchEvalRequest(step)}, "fetch_eval", timeout))[owner]
+        calls = [self._mfc(n) for n in cfg.eval_calls] + list(cfg.eval_mfcs)
+        buffer = SampleBuffer(m.name for m in calls)
+        buffer.add(reply.meta, owner=owner, step=step)
+        dispatcher = CallDispatcher(buffer, self.stream, timeout, tags=self.calls.tags)
+        record = self.records[step]
+        for m in calls:
+            ids = buffer.take_ready(m.name, m.input_keys, len(reply.meta.ids))
+            if ids is None:
+                raise RuntimeError(
+                    f"evaluation: the inputs {m.input_keys} of {m.name!r} are not all produced"
+                )
+            placement = cfg.call_placement(m.name)
+            posted = dispatcher.post(m, step, ids, placement.replicas(), self.copies.plan(m))
+            result = await dispatcher.finish(m, posted)
+            if m in cfg.eval_mfcs:
+                record.update({f"eval/{k}": v for k, v in sorted(result.stats.items())})
+                record["timing"]["eval"] = round(result.seconds, 4)
+        clear = {
+            w: self.stream.post(model_worker_name(w), "clear", list(reply.meta.ids)) for w in self.workers
+        }
+        await wait_replies(clear, model_worker_name, "clear", timeout)
+
+    def _mfc(self, name: str) -> MFCDef:
+        return next(m for m in self.config.mfcs if m.name == name)
 
     async def _save(self, mfc: MFCDef, steps_done: int) -> None:
         """Checkpoints of ``mfc``'s model after its training call of step ``steps_done - 1``; they

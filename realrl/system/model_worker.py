@@ -32,6 +32,7 @@ from realrl.system.data_transfer import TensorStore, run_transfers
 from realrl.system.model_copies import ModelCopies
 from realrl.system.protocol import (
     EvaluateRequest,
+    FetchEvalRequest,
     FetchReply,
     FetchRequest,
     InitializeReply,
@@ -105,6 +106,7 @@ class ModelWorker(WorkerBase):
         self.copies: ModelCopies | None = None  # built at setup, with the meshes
         self.loader: ShardLoader | None = None
         self.eval_batches: dict[str, list[SequenceSample]] = {}
+        self.eval_prompts: SequenceSample | None = None  # the RL evaluation's, on the first data worker
         self.tokenizer = None
         self.handlers = {
             "setup": self.setup,
@@ -115,6 +117,7 @@ class ModelWorker(WorkerBase):
             "save": self.save,
             "load_recover": self.load_recover,
             "evaluate": self.evaluate,
+            "fetch_eval": self.fetch_eval,
         }
 
     def describe_state(self) -> str:
@@ -246,6 +249,20 @@ class ModelWorker(WorkerBase):
         sample = self.loader.batch(req.epoch, req.pos, req.n)
         self.store.put(sample)
         return FetchReply(sample.meta(), req.epoch)
+
+    def fetch_eval(self, req: FetchEvalRequest) -> FetchReply:
+        """The RL evaluation's prompts, stored under ``eval/<id>`` (apart from the training data)."""
+        cfg = self.config
+        if cfg.eval_prompts is None:
+            raise RuntimeError(f"{self.name} holds no evaluation prompts but was asked for them")
+        if self.eval_prompts is None:  # loaded once, at the first evaluation
+            dataset = data_api.make_dataset(cfg.eval_prompts, cfg.seed, 0, 1, self.tokenizer)
+            self.eval_prompts = SequenceSample.gather(
+                [dataset[i] for i in range(min(len(dataset), cfg.eval_batch_size))]
+            )
+            self.eval_prompts.ids = [f"eval/{i}" for i in self.eval_prompts.ids]
+        self.store.put(self.eval_prompts)
+        return FetchReply(self.eval_prompts.meta(), req.step)
 
     def clear(self, ids: list) -> int:
         return self.store.drop(ids)

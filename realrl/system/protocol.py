@@ -35,6 +35,14 @@ class InitializeReply:
 
 
 @dataclasses.dataclass
+class FetchEvalRequest:
+    """The RL evaluation's prompts: the first ``eval_batch_size`` rows of ``eval_prompts``, stored
+    under their own ids (``eval/<id>``) for the calls of the evaluation at ``step``."""
+
+    step: int
+
+
+@dataclasses.dataclass
 class FetchRequest:
     """Samples ``pos .. pos + n`` of this worker's shard in the order of ``epoch``."""
 

@@ -122,6 +122,7 @@ class ModelWorkerConfig:
     name_resolve: NameResolveConfig
     eval_datasets: list[DatasetAbstraction]
     eval_batch_size: int
+    eval_prompts: DatasetAbstraction | None  # the RL evaluation's prompts (the first data worker only)
     bind_host: str | None  # None: the node's address (ray mode on a cluster)
     device: str = "cpu"  # this worker's own device ("cuda:<local rank>", or what Ray assigned)
     dist_backend: str = "gloo"  # "cpu:gloo,cuda:nccl" when every worker owns its GPU (api/core/devices.py)
@@ -178,6 +179,11 @@ class ExperimentConfig:
     eval_datasets: list[DatasetAbstraction] = dataclasses.field(default_factory=list)
     eval_freq_steps: int | None = None  # evaluate trained models every N steps (always at the end)
     eval_batch_size: int | None = None  # samples per evaluation batch; default n_seqs
+    # an RL run's evaluation: ``eval_calls`` (graph calls, in order) and then ``eval_mfcs`` (calls
+    # that run only then, on their role's home) on the first eval_batch_size rows of eval_prompts
+    eval_prompts: DatasetAbstraction | None = None
+    eval_calls: list[str] = dataclasses.field(default_factory=list)
+    eval_mfcs: list[MFCDef] = dataclasses.field(default_factory=list)
     import_modules: list[str] = dataclasses.field(default_factory=list)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     device: str = "cpu"  # "cuda": one GPU per worker (api/core/devices.py); "cuda:<k>": all on GPU k
@@ -234,7 +240,7 @@ class ExperimentConfig:
         """Where the MFC ``mfc_name`` runs: its own placement, else its model's home."""
         if mfc_name in self.mfc_placements:
             return self.mfc_placements[mfc_name]
-        return self.placement(next(m.role for m in self.mfcs if m.name == mfc_name))
+        return self.placement(next(m.role for m in [*self.mfcs, *self.eval_mfcs] if m.name == mfc_name))
 
     def copy_placements(self, role: str) -> list[Placement]:
         """The placements other than home where calls of ``role`` run, in graph order."""
@@ -381,6 +387,7 @@ class ExperimentConfig:
             ]
             roles = {s.role for s in shards}
             mfcs = [m for m in self.mfcs if m.role in roles or w in self.call_placement(m.name).workers]
+            mfcs += [m for m in self.eval_mfcs if m.role in roles]
             configs.append(
                 ModelWorkerConfig(
                     worker_index=w,
@@ -401,6 +408,7 @@ class ExperimentConfig:
                     timeouts=self.timeouts,
                     name_resolve=name_resolve,
                     eval_datasets=list(self.eval_datasets),
+                    eval_prompts=self.eval_prompts if w == data_workers[0] else None,
                     eval_batch_size=self.eval_batch_size or self.batch_size,
                     bind_host=bind_host,
                     device=devices[w],

@@ -109,7 +109,7 @@ def _build(data_dir: str, seed: int) -> dict[str, str]:
     return toy_paths(data_dir)
 
 
-RL_FILES = {"dataset.path": "ppo_train", "tokenizer_path": "tokenizer"}
+RL_FILES = {"dataset.path": "ppo_train", "dataset.valid_path": "ppo_valid", "tokenizer_path": "tokenizer"}
 GROUP_RECIPE = Recipe(GROUP_PRESET, RL_FILES, {"actor.path": "sft"}, summarize=summarize_policy)
 
 SENTIMENT = register_task(

@@ -167,6 +167,31 @@ class AdvantageInterface(ModelInterface):
         self.rms = F.RunningMeanStd(**state["value_norm"])
 
 
+@dataclasses.dataclass
+class RolloutEvalInterface(ModelInterface):
+    """``ppo_eval``: the statistics of rollouts on held-out prompts (an RL run's evaluation): the
+    task reward, the shaped score, the response length, the KL to the reference and the share cut
+    by the length limit. It changes no state: the KL controller and value moments are
+    ``compute_adv``'s."""
+
+    ppo: PPOHyperparameters | dict[str, Any] | None = None
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
+
+    def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
+        require_keys(data, ADVANTAGE_INPUTS, "ppo_eval.inference")
+        truncate_id = resolve_token_id(model.tokenizer, self.ppo.truncate_token, "truncate_token")
+        _, stats = shape_scores(self.ppo, data, truncate_id)
+        cu = data.cu_seqlens(INPUT_KEY)
+        loss_mask = F.response_loss_mask(data.data["prompt_mask"], cu)
+        stats["ref_kl"], n = rollout_kl(data)
+        stats["response_length"] = float(loss_mask.float().sum() / n)
+        stats["n_prompts"] = float(data.bs)
+        return None, stats
+
+
 def _examples(data: SequenceSample, tokenizer: Any, score: torch.Tensor, n_prompts: int) -> list[dict]:
     """The first ``n_prompts`` prompts' answers, decoded, with their reward and shaped score."""
     head = SequenceSample.gather(data.unpack()[:n_prompts])
@@ -191,3 +216,4 @@ def _merged(parts: list[SequenceSample]) -> SequenceSample:
 
 
 register_interface("ppo_advantages", AdvantageInterface)
+register_interface("ppo_eval", RolloutEvalInterface)
