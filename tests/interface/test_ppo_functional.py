@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from realrl.impl.model.utils import ppo_functional as F
+from realrl.impl.model.utils.policy_losses import PolicyLossConfig, aggregate_loss, get_policy_loss
 
 
 def test_whiten_reproduces_the_posts_printed_tensor():
@@ -138,7 +139,9 @@ def test_actor_loss_by_hand():
     old = torch.zeros(4)
     adv = torch.tensor([1.0, 1.0, -2.0, 100.0])
     mask = torch.tensor([True, True, True, False])
-    loss, stats = F.actor_loss(logp, old, adv, 0.2, mask)
+    short_cu = torch.tensor([0, 4])  # one answer of 4 token-minus-one entries
+    per_token, stats = get_policy_loss("ppo")(logp, old, adv, mask, short_cu, PolicyLossConfig(0.2, 0.2))
+    loss = aggregate_loss(per_token, mask, short_cu, "token-mean")
     # token 0: ratio 1 -> -1; token 1: ratio 1.5 clipped to 1.2 -> max(-1.5, -1.2) = -1.2
     # token 2: ratio 0.5, A = -2 -> max(1.0, 1.6) = 1.6; token 3 masked
     assert float(loss) == pytest.approx((-1.0 - 1.2 + 1.6) / 3)

@@ -20,6 +20,33 @@ from realrl.impl.model.utils.policy_losses import (
 )
 
 
+def reference_actor_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    loss_mask: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped surrogate as realrl computed it before the policy-loss registry (masked mean):
+
+    ratio = exp(logp - logp_old);   L = mean( max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) )
+    Stats: the clipped fraction, the mean importance ratio, approx KL(old || new) = mean(logp_old - logp).
+    """
+    mask = loss_mask.bool()
+    ratio = torch.where(mask, torch.exp(logprobs - old_logprobs), torch.zeros_like(logprobs))
+    clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * clipped_ratio
+    pg_loss = torch.max(pg_loss1, pg_loss2)
+    loss = F.masked_mean(pg_loss, mask)
+    stats = {
+        "clip_frac": F.masked_mean((pg_loss2 > pg_loss1).float().detach(), mask),
+        "importance_ratio": F.masked_mean(ratio.detach(), mask),
+        "approx_kl": F.masked_mean((old_logprobs - logprobs).detach(), mask),
+    }
+    return loss, stats
+
+
 def packing(prompt_lens: list[int], resp_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(short_cu_seqlens [N + 1], loss_mask [T - N]) of sequences of prompt + response tokens."""
     lens = [p + r for p, r in zip(prompt_lens, resp_lens)]
@@ -59,12 +86,12 @@ def test_ppo_equals_actor_loss_per_token():
     for j in mask.nonzero().flatten().tolist():  # actor_loss over a mask of one token = that token's term
         only_j = torch.zeros_like(mask)
         only_j[j] = True
-        ref, _ = F.actor_loss(logp.detach(), old, adv, 0.2, only_j)
+        ref, _ = reference_actor_loss(logp.detach(), old, adv, 0.2, only_j)
         torch.testing.assert_close(loss[j].detach(), ref)
         ratio = math.exp(float(logp[j].detach() - old[j]))
         clipped += abs(ratio - 1) > 0.2
     assert 0 < clipped < int(mask.sum())  # both sides of the clip are exercised
-    ref_loss, ref_stats = F.actor_loss(logp, old, adv, 0.2, mask)
+    ref_loss, ref_stats = reference_actor_loss(logp, old, adv, 0.2, mask)
     ours = aggregate_loss(loss, mask, short_cu, "token-mean")
     torch.testing.assert_close(ours, ref_loss)
     for key in ("clip_frac", "importance_ratio", "approx_kl"):

@@ -5,7 +5,7 @@ A policy loss is ``fn(logprobs, old_logprobs, advantages, loss_mask, short_cu_se
 ``ppo_functional`` (``short_cu_seqlens = ppo_functional.short_cu_seqlens(cu_seqlens)``), the
 per-token loss is 0 off ``loss_mask`` and ``stats`` holds at least ``clip_frac``,
 ``importance_ratio`` and ``approx_kl`` (masked means over response tokens, as
-``ppo_functional.actor_loss`` reports them). ``aggregate_loss`` then reduces the per-token loss to
+the clipped surrogate always reported). ``aggregate_loss`` then reduces the per-token loss to
 a scalar in one of ``AGGREGATIONS``.
 
   ppo   "Proximal Policy Optimization Algorithms" (Schulman et al. 2017), with the asymmetric
@@ -125,7 +125,7 @@ def ppo_policy_loss(
     """Token-level PPO: r_t = exp(logp_t - logp_old_t), clipped as in ``clipped_surrogate``.
 
     With eps_clip_low == eps_clip_high and no dual clip, the per-token terms are those of
-    ``ppo_functional.actor_loss`` (as long as |logp - logp_old| <= 20, where verl bounds the log
+    the classic clipped surrogate (as long as |logp - logp_old| <= 20, where verl bounds the log
     ratio). ``short_cu_seqlens`` is unused.
     """
     mask = loss_mask.bool()

@@ -233,33 +233,6 @@ def group_normalized_advantages(
 # ----------------------------------------------------------------------------- losses
 
 
-def actor_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    eps_clip: float,
-    loss_mask: torch.Tensor,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate objective (PPO), masked mean over response tokens:
-
-    ratio = exp(logp - logp_old);   L = mean( max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) )
-    Stats: the clipped fraction, the mean importance ratio, approx KL(old || new) = mean(logp_old - logp).
-    """
-    mask = loss_mask.bool()
-    ratio = torch.where(mask, torch.exp(logprobs - old_logprobs), torch.zeros_like(logprobs))
-    clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip)
-    pg_loss1 = -advantages * ratio
-    pg_loss2 = -advantages * clipped_ratio
-    pg_loss = torch.max(pg_loss1, pg_loss2)
-    loss = masked_mean(pg_loss, mask)
-    stats = {
-        "clip_frac": masked_mean((pg_loss2 > pg_loss1).float().detach(), mask),
-        "importance_ratio": masked_mean(ratio.detach(), mask),
-        "approx_kl": masked_mean((old_logprobs - logprobs).detach(), mask),
-    }
-    return loss, stats
-
-
 def critic_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
