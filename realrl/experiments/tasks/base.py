@@ -71,15 +71,9 @@ class EmbeddedTask:
         return final_checkpoint(fileroot, experiment, self.trial(seed), "default")
 
     def overrides(self, experiment: str, fileroot: str, seed: int) -> list[str]:
-        """The recipe as key=value options: preset, files, earlier phases' checkpoints."""
-        recipe = self.recipe(experiment)
-        files = self.paths(self.data_dir(fileroot, seed))
-        out = [f"task={self.name}", f"trial_name={self.trial(seed)}", *recipe.preset]
-        out += [f"{key}={files[name]}" for key, name in recipe.files.items()]
-        out += [
-            f"{key}={self.checkpoint(fileroot, phase, seed)}" for key, phase in recipe.checkpoints.items()
-        ]
-        return out
+        """The recipe as key=value options: preset, then its files and earlier phases' checkpoints."""
+        out = [f"task={self.name}", f"trial_name={self.trial(seed)}", *self.recipe(experiment).preset]
+        return out + [f"{key}={path}" for key, path in self.provided(experiment, fileroot, seed).items()]
 
     def provided(self, experiment: str, fileroot: str, seed: int) -> dict[str, str]:
         """config key -> the path the task puts there (what preflight leaves to the task)."""

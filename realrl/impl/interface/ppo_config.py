@@ -129,7 +129,9 @@ class PPOHyperparameters:
             (self.truncate_after >= 0, "truncate_after must be >= 0"),
             (self.kl_ctl >= 0 and self.kl_loss_coef >= 0, "kl_ctl and kl_loss_coef must be >= 0"),
             (
-                self.estimator.kl_in_reward or (self.kl_ctl == 0 and not self.adaptive_kl_ctl),
+                self.adv_estimator not in estimators  # named by the first check
+                or self.estimator.kl_in_reward
+                or (self.kl_ctl == 0 and not self.adaptive_kl_ctl),
                 f"adv_estimator={self.adv_estimator!r} puts the KL in the loss: set kl_ctl=0 and use kl_loss_coef",
             ),
             (
@@ -145,11 +147,7 @@ class PPOHyperparameters:
     @property
     def estimator(self):
         """The registered advantage estimator ``adv_estimator`` names."""
-        return (
-            get_adv_estimator(self.adv_estimator)
-            if self.adv_estimator in adv_estimator_names()
-            else _GAE_LIKE
-        )
+        return get_adv_estimator(self.adv_estimator)
 
     @property
     def uses_critic(self) -> bool:
@@ -176,9 +174,6 @@ class PPOHyperparameters:
             "eps_clip",
         )
         return ", ".join(f"{f}={getattr(self, f)!r}" for f in fields) + f", kl_ctl={self.kl_ctl}"
-
-
-_GAE_LIKE = get_adv_estimator("gae")  # stands in while an unknown name is reported
 
 
 def lm_human_preferences_preset() -> dict[str, Any]:
