@@ -12,7 +12,7 @@ from typing import Any
 from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, ModelInterfaceAbstraction
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
-from realrl.api.core.system_api import ExperimentConfig, ModelSpec
+from realrl.api.core.system_api import DynamicSampling, ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
 from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
@@ -180,6 +180,26 @@ def ppo_mfcs(
 
 
 @dataclasses.dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (``ExperimentConfig.dynamic_sampling``): a ``filter_groups`` call
+    after the reward drops the prompts whose answers all score the same, and further prompts
+    refill the batch, for at most ``max_rounds`` batches of prompts per step."""
+
+    enabled: bool = False
+    metric: str = "rewards"  # the per-answer key compared within a group: the reward call's score
+    tolerance: float = 0.0  # a group whose scores spread by no more than this counts as uniform
+    max_rounds: int = 10  # batches of prompts one step may sample before the run stops
+
+    def mfc(self, n_seqs: int) -> MFCDef:
+        """The filter call: on the tokenizer-only ``adv`` role, over each round's whole batch."""
+        iface = ModelInterfaceAbstraction(
+            "group_filter", {"metric": self.metric, "tolerance": self.tolerance}
+        )
+        node = mfc("filter_groups", "adv", ModelInterfaceType.INFERENCE, iface, n_seqs, (self.metric,))
+        return dataclasses.replace(node, whole_batch=True)
+
+
+@dataclasses.dataclass
 class PPOConfig(CommonExperimentConfig):
     actor: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
     critic: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
@@ -196,6 +216,7 @@ class PPOConfig(CommonExperimentConfig):
     toy_eval_prompts: int = 800  # held-out prompts an embedded task's summary samples
     eval_prompts: int = 64  # held-out prompts (dataset.valid_path) of each evaluation during training
     tokenizer_path: str | None = None
+    dynamic_sampling: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
 
     CURVES = {
         "reward": ["compute_adv/task_reward", "eval/task_reward"],
@@ -221,6 +242,14 @@ class PPOConfig(CommonExperimentConfig):
             raise ValueError(f"eval_prompts must be >= 1, got {self.eval_prompts}")
         if self.toy_eval_prompts < 1:
             raise ValueError(f"toy_eval_prompts must be >= 1, got {self.toy_eval_prompts}")
+        sampling = self.dynamic_sampling
+        if sampling.enabled and self.ppo.gen.n < 2:
+            raise ValueError(
+                "dynamic_sampling.enabled=true drops prompts whose answers all score the same, which "
+                f"needs several answers per prompt; ppo.gen.n is {self.ppo.gen.n} (set it to 2 or more)"
+            )
+        if sampling.max_rounds < 1:
+            raise ValueError(f"dynamic_sampling.max_rounds must be >= 1, got {sampling.max_rounds}")
 
     def unused_groups(self) -> set[str]:
         """Without a reward model there is no ``rew``, without GAE no ``critic``."""
@@ -297,6 +326,16 @@ class PPOConfig(CommonExperimentConfig):
             ("packed_input_ids",) if self.uses_reward_model else ("packed_input_ids", "prompt_mask")
         )
         nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, self.ppo, ifaces, mb_specs, reward_inputs)
+        extra: dict[str, Any] = {}
+        if self.dynamic_sampling.enabled:
+            nodes.append(self.dynamic_sampling.mfc(self.dataset.train_bs_n_seqs))
+            produced = {k for m in nodes for k in m.output_keys}
+            if self.dynamic_sampling.metric not in produced:
+                raise ValueError(
+                    f"dynamic_sampling.metric={self.dynamic_sampling.metric!r} is written by no call of "
+                    f"the graph; choose one of {sorted(produced)}"
+                )
+            extra["dynamic_sampling"] = DynamicSampling("filter_groups", self.dynamic_sampling.max_rounds)
         evaluation = {}
         if self.dataset.valid_path:  # held-out rollouts every exp_ctrl.eval_freq_steps and at the end
             evaluation = dict(
@@ -315,7 +354,7 @@ class PPOConfig(CommonExperimentConfig):
                 eval_batch_size=self.eval_prompts,
             )
         return experiment_config(
-            self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer, **evaluation
+            self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer, **evaluation, **extra
         )
 
     @property

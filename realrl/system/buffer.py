@@ -52,6 +52,18 @@ class SampleBuffer:
             self.entries[sid] = _Entry(one, {k: {owner} for k in one.keys}, step)
         self._changed()
 
+    def move_to(self, other: SampleBuffer, ids: Sequence[Hashable]) -> None:
+        """Hand ``ids`` (their keys so far and where they live) to ``other``, where no MFC has
+        taken them yet: samples that passed a filter join the graph's buffer."""
+        for sid in ids:
+            if sid in other.entries:
+                raise ValueError(f"sample id {sid!r} is already live in the buffer (ids must be unique)")
+        for sid in ids:
+            entry = self.entries.pop(sid)
+            other.entries[sid] = _Entry(entry.meta, entry.owners, entry.step)
+        self._changed()
+        other._changed()
+
     def update(self, meta: SequenceSample, owner: int) -> None:
         """Keys an MFC produced on worker ``owner`` for ids already live."""
         for one in meta.unpack():

@@ -47,6 +47,7 @@ class CallResult:
     n_tokens: int
     realloc: ReallocResult | None = None
     samples: list[dict] | None = None  # decoded examples the call reported (dp ranks' in order)
+    dropped: list[Hashable] = dataclasses.field(default_factory=list)  # ids a filtering call drops
 
 
 class TagCounter:
@@ -131,6 +132,7 @@ class CallDispatcher:
         )
         stats: dict[str, list[float]] = {}
         samples: list[dict] = []
+        dropped: list[Hashable] = []
         # the workers' own time on the call: a call posted early also waits behind the previous one
         worker_seconds = [r.seconds for r in replies.values() if r.seconds is not None]
         for workers, part in zip(posted.replicas, posted.parts):
@@ -144,6 +146,7 @@ class CallDispatcher:
             for k, v in (reply.stats or {}).items():
                 stats.setdefault(k, []).append(v)
             samples += reply.samples or []
+            dropped += reply.dropped or []
         return CallResult(
             ids=posted.ids,
             stats={k: sum(v) / len(v) for k, v in stats.items()},  # mean over dp ranks
@@ -151,6 +154,7 @@ class CallDispatcher:
             n_tokens=posted.n_tokens,
             realloc=_realloc_result(posted.realloc, replies),
             samples=samples or None,
+            dropped=dropped,
         )
 
 

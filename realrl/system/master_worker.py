@@ -22,6 +22,7 @@ from realrl.base import logging
 from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyTracker
+from realrl.system.dynamic_sampling import DynamicSampler, merged_result
 from realrl.system.function_call import CallDispatcher, CallResult, PostedCall, post_all, run_guarded
 from realrl.system.protocol import (
     EvaluateRequest,
@@ -77,7 +78,10 @@ class MasterWorker:
         self.check_workers = check_workers or (lambda: None)
         self.workers = list(range(config.n_model_workers))
         self.worker_names = [model_worker_name(w) for w in self.workers]
-        self.buffer = SampleBuffer(m.name for m in config.mfcs)
+        # with dynamic sampling, the sampling calls run in rounds on a buffer of their own; the
+        # graph's buffer receives the samples the filter kept
+        self.sampling = config.sampling_mfcs()
+        self.buffer = SampleBuffer(m.name for m in config.mfcs if m not in self.sampling)
         self.progress = Progress([m.name for m in config.mfcs])
         self.calls = CallDispatcher(self.buffer, stream, config.timeouts.request)
         self.copies = CopyTracker(config)
@@ -105,8 +109,13 @@ class MasterWorker:
             setup = asyncio.get_running_loop().create_task(self._setup())
             await run_guarded([setup], guard)
             guard = asyncio.get_running_loop().create_task(self._guard())
-            work = [asyncio.get_running_loop().create_task(self._load_data())]
-            work += [asyncio.get_running_loop().create_task(self._run_mfc(m)) for m in cfg.mfcs]
+            source = self._sample_dynamically() if self.sampling else self._load_data()
+            work = [asyncio.get_running_loop().create_task(source)]
+            work += [
+                asyncio.get_running_loop().create_task(self._run_mfc(m))
+                for m in cfg.mfcs
+                if m not in self.sampling
+            ]
             await run_guarded(work, guard)
         finally:
             if not guard.done():
@@ -279,11 +288,7 @@ class MasterWorker:
         checkpoint, which must see the model between the two steps, and never while waiting:
         before any wait, the pending call is finished (its outputs may be what is waited for)."""
         cfg = self.config
-        trains = [
-            m.name
-            for m in cfg.mfcs
-            if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
-        ]
+        trains = self._training_calls_of(mfc)
         replicas = cfg.call_placement(mfc.name).replicas()
         pending: tuple[int, PostedCall] | None = None
         clears: list[dict] = []
@@ -371,15 +376,70 @@ class MasterWorker:
             clears.append({w: self.stream.post(model_worker_name(w), "clear", done) for w in self.workers})
         while clears and all(f.done() for f in clears[0].values()):  # raise a failed clear now
             await wait_replies(clears.pop(0), model_worker_name, "clear", cfg.timeouts.request)
-        record = self.records[step]
-        record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
-        record["timing"][mfc.name] = round(result.seconds, 4)
-        if result.samples:
-            record.setdefault(SAMPLES_KEY, []).extend(result.samples)
-        _record_realloc(record, mfc.role, result)
+        _record_call(self.records[step], mfc, result)
         self.progress.calls_done[mfc.name] += 1
         self._maybe_finish_step(step)
         self.progress.notify()
+
+    async def _sample_dynamically(self) -> None:
+        """Dynamic sampling: each step's sampling calls in rounds until their filter has kept a
+        full batch (``system/dynamic_sampling.py``), which then joins the graph's buffer. In place
+        of the dataset loader and of those calls' own coroutines."""
+        cfg, mfcs = self.config, self.sampling
+        owners = cfg.data_workers()
+        counts = self._per_rank_counts(len(owners))
+        trains = {m.name: self._training_calls_of(m) for m in mfcs}
+        sampler = DynamicSampler(cfg, self.stream, self.calls.tags, self.copies, self._prompt_batches_done())
+        clears: list[dict] = []
+        for step in range(self.start_step, self.total_steps):
+            await self.progress.wait_for(
+                lambda s=step: (
+                    s - self.progress.steps_done < MAX_LIVE_STEPS
+                    and all(self._version_ready(m, s, trains[m.name]) for m in mfcs)
+                )
+            )
+            sampled = await sampler.sample(step, self.steps_per_epoch, owners, counts)
+            record = {"step": step + 1, "epoch": sampled.epoch + 1, "timing": {}}
+            record.update(sampled.stats(sampler.prompt_batches))
+            self.records[step] = record
+            for m in mfcs:
+                for result in sampled.results[m.name]:
+                    _record_realloc(record, m.role, result)
+                _record_call(record, m, merged_result(sampled.results[m.name]))
+            sampled.buffer.move_to(self.buffer, sampled.kept)
+            if sampled.freed:
+                clears.append(
+                    {w: self.stream.post(model_worker_name(w), "clear", sampled.freed) for w in self.workers}
+                )
+            for m in mfcs:
+                if m in self.state_mfcs and self.schedule.recover_due(step + 1):
+                    await self._save_state(m, step + 1)
+                self.progress.calls_done[m.name] += 1
+            self._maybe_finish_step(step)
+            self.progress.notify()
+        for futures in clears:
+            await wait_replies(futures, model_worker_name, "clear", cfg.timeouts.request)
+
+    def _prompt_batches_done(self) -> int:
+        """Prompt batches a resumed run's earlier steps fetched (its last kept record says; one
+        per step when it does not), so it continues where they stopped in the dataset."""
+        if self.start_step == 0:
+            return 0
+        last = None
+        if os.path.exists(self.stats_path):
+            with open(self.stats_path) as f:
+                lines = [line for line in f if line.strip()]
+            last = json.loads(lines[-1]) if lines else None
+        done = (last or {}).get("dynamic_sampling/prompt_batches")
+        return int(done) if done is not None else self.start_step
+
+    def _training_calls_of(self, mfc: MFCDef) -> list[str]:
+        """The other training calls of ``mfc``'s model (the parameter-version rule waits on them)."""
+        return [
+            m.name
+            for m in self.config.mfcs
+            if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
+        ]
 
     async def _evaluate(self, mfc: MFCDef, step: int) -> None:
         """Evaluate ``mfc``'s model on every dp rank's shard; the mean goes into this step's record."""
@@ -517,6 +577,15 @@ class MasterWorker:
         for f in futures:
             if f.done() and not f.cancelled():
                 f.exception()
+
+
+def _record_call(record: dict, mfc: MFCDef, result: CallResult) -> None:
+    """A finished call in its step's record: ``<mfc>/<stat>``, its time, its samples, its move."""
+    record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
+    record["timing"][mfc.name] = round(result.seconds, 4)
+    if result.samples:
+        record.setdefault(SAMPLES_KEY, []).extend(result.samples)
+    _record_realloc(record, mfc.role, result)
 
 
 def _record_realloc(record: dict, role: str, result: CallResult) -> None:

@@ -20,7 +20,7 @@ from realrl.api.core import data_api, model_api
 from realrl.api.core.config import ModelBackendAbstraction
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
-from realrl.api.core.model_api import SAMPLES_KEY
+from realrl.api.core.model_api import DROPPED_KEY, SAMPLES_KEY
 from realrl.api.core.system_api import ModelWorkerConfig
 from realrl.base import host_memory, logging, network, plugins, seeding
 from realrl.base.failpoints import Failpoints
@@ -368,13 +368,15 @@ class ModelWorker(WorkerBase):
             raise ValueError(
                 f"MFC {mfc.name!r}: the runtime does not schedule {mfc.interface_type.value} calls"
             )
-        stats, samples = None, None
+        stats, samples, dropped = None, None, None
         if isinstance(out, tuple):  # (outputs, statistics of the call): both are reported
             out, stats = out
             stats = dict(stats)
             samples = stats.pop(SAMPLES_KEY, None)
+            dropped = stats.pop(DROPPED_KEY, None)
             stats = _float_stats(stats, mfc.name)
-        return MFCReply(meta=self._keep_outputs(mfc, data, out), stats=stats, samples=samples)
+        meta = self._keep_outputs(mfc, data, out)
+        return MFCReply(meta=meta, stats=stats, samples=samples, dropped=dropped)
 
     def _keep_outputs(
         self, mfc: MFCDef, data: SequenceSample, out: SequenceSample | None

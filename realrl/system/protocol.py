@@ -135,5 +135,6 @@ class MFCReply:
     meta: SequenceSample | None = None  # produced keys (graph names), metadata only
     stats: dict[str, float] | None = None
     samples: list[dict] | None = None  # a few decoded prompts, completions and rewards
+    dropped: list | None = None  # ids a filtering call drops from the batch (dynamic sampling)
     seconds: float | None = None  # the worker's own time on the call (transfers + compute)
     realloc: dict[str, float] | None = None  # bytes_sent, bytes_received, seconds of its reallocation

@@ -148,6 +148,24 @@ def test_lm_human_preferences_preset_sets_schedule_epsilon_and_value_head(tmp_pa
     assert cfg.critic_head_init == "zeros" and cfg.ppo.adaptive_kl_ctl and cfg.ppo.gen.fixed_length
 
 
+def test_dapo_preset_turns_on_dynamic_sampling_with_a_filter_after_the_reward(tmp_path):
+    cfg = build_config("grpo", [f"fileroot={tmp_path}", "ppo_preset=dapo"])
+    assert cfg.dynamic_sampling.enabled and cfg.ppo.eps_clip_high == 0.28
+    exp = cfg.initial_setup()
+    graph = build_graph(exp.mfcs, exp.dataset_keys())
+    assert graph.has_edge("rew_inf", "filter_groups") and exp.dynamic_sampling.max_rounds == 10
+    assert [m.name for m in exp.sampling_mfcs()] == ["actor_gen", "rew_inf", "filter_groups"]
+    off = build_config("grpo", [f"fileroot={tmp_path}", "ppo_preset=dapo", "dynamic_sampling.enabled=false"])
+    assert off.initial_setup().dynamic_sampling is None
+    assert build_config("grpo", [f"fileroot={tmp_path}"]).initial_setup().sampling_mfcs() == []
+    with pytest.raises(ValueError, match=r"needs several answers per prompt; ppo.gen.n is 1"):
+        build_config("ppo", [f"fileroot={tmp_path}", "dynamic_sampling.enabled=true"])
+    with pytest.raises(ValueError, match=r"metric='score' is written by no call"):
+        build_config(
+            "grpo", [f"fileroot={tmp_path}", "ppo_preset=dapo", "dynamic_sampling.metric=score"]
+        ).initial_setup()
+
+
 def test_arith_task_sets_its_files_checker_and_metadata(tmp_path):
     cfg = build_config("grpo", [f"fileroot={tmp_path}", "task=arith"])
     assert cfg.task == "arith" and cfg.trial_name == "arith-seed1" and cfg.reward_fn == "math_answer"

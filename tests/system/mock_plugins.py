@@ -172,6 +172,31 @@ class Slow(model_api.ModelInterface):
         return SequenceSample.from_default(data.ids, lens, {"values": torch.zeros(sum(lens))})
 
 
+def dataset_index(sid: str) -> int:
+    """``t<i>@e<epoch>`` -> i."""
+    return int(sid.split("@")[0][1:])
+
+
+class DropMultiples(model_api.ModelInterface):
+    """A dynamic-sampling filter: drops the samples whose dataset index is a multiple of
+    ``modulus`` (1: all of them)."""
+
+    def __init__(self, modulus: int = 2):
+        self.modulus = modulus
+
+    def inference(self, model, data, mb_spec=None):
+        dropped = [sid for sid in data.ids if dataset_index(sid) % self.modulus == 0]
+        return None, {"seen": float(data.bs), model_api.DROPPED_KEY: dropped}
+
+
+class Census(model_api.ModelInterface):
+    """Reports how many samples it got and how many of them have an odd dataset index."""
+
+    def inference(self, model, data, mb_spec=None):
+        odd = [dataset_index(sid) % 2 for sid in data.ids]
+        return None, {"n": float(data.bs), "odd": float(sum(odd))}
+
+
 data_api.register_dataset("sys_test_tokens", RandomTokens)
 model_api.register_model("sys_test_scalar", make_scalar_model)
 model_api.register_backend("sys_test_backend", ScalarBackend)
@@ -182,5 +207,7 @@ for _name, _cls in [
     ("sys_test_train", Train),
     ("sys_test_raise", Raise),
     ("sys_test_slow", Slow),
+    ("sys_test_drop_multiples", DropMultiples),
+    ("sys_test_census", Census),
 ]:
     model_api.register_interface(_name, _cls)

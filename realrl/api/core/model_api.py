@@ -75,6 +75,9 @@ class ReaLModelConfig:
 
 # the stats key under which an interface reports a few decoded examples (prompt, completion, reward)
 SAMPLES_KEY = "samples"
+# the stats key under which a filtering call (DAPO's dynamic sampling) lists the sample ids the
+# runtime should drop from the batch
+DROPPED_KEY = "dropped_ids"
 
 
 @dataclasses.dataclass
@@ -195,7 +198,8 @@ class ModelInterface:
         raise self._unsupported("generate")
 
     def inference(self, model: Model, data: SequenceSample, mb_spec=None) -> SequenceSample:
-        """The produced keys; or ``(sample, stats)`` to report scalar statistics of the call too."""
+        """The produced keys; or ``(sample, stats)`` to report scalar statistics of the call too
+        (and, under ``DROPPED_KEY``, the ids of the samples a filtering call drops)."""
         raise self._unsupported("inference")
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec=None) -> dict[str, float]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import networkx as nx
+
 from realrl.api.core.config import (
     DatasetAbstraction,
     ModelAbstraction,
@@ -145,6 +147,20 @@ def copy_name(role: str, placement: Placement) -> str:
 
 
 @dataclasses.dataclass
+class DynamicSampling:
+    """DAPO's dynamic sampling ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+    Yu et al. 2025) as the master runs it. Each step, ``filter_mfc`` and the calls it depends on
+    (the sampling calls: generate, score) run in rounds, each on a fresh batch of n_seqs prompts
+    taken further along the dataset; the filter reports the samples it drops (groups whose answers
+    all score the same), and the rest of the graph runs on the first n_seqs samples kept. A step
+    that has not kept a full batch after ``max_rounds`` rounds stops the run: the data is too easy
+    or too hard for the policy, and looping on would never end."""
+
+    filter_mfc: str
+    max_rounds: int = 10
+
+
+@dataclasses.dataclass
 class ExperimentConfig:
     """A run: the graph, the models and where they live, the data, the schedule, the run folder.
 
@@ -184,6 +200,7 @@ class ExperimentConfig:
     eval_prompts: DatasetAbstraction | None = None
     eval_calls: list[str] = dataclasses.field(default_factory=list)
     eval_mfcs: list[MFCDef] = dataclasses.field(default_factory=list)
+    dynamic_sampling: DynamicSampling | None = None
     import_modules: list[str] = dataclasses.field(default_factory=list)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     device: str = "cpu"  # "cuda": one GPU per worker (api/core/devices.py); "cuda:<k>": all on GPU k
@@ -276,6 +293,15 @@ class ExperimentConfig:
         """The workers that load the dataset: one per data-parallel rank of the owner role."""
         return self.placement(self.owner_role()).heads()
 
+    def sampling_mfcs(self) -> list[MFCDef]:
+        """With dynamic sampling: the filter and every call it depends on, in graph order (they
+        run in rounds until the filter keeps a full batch); else none."""
+        if self.dynamic_sampling is None:
+            return []
+        name = self.dynamic_sampling.filter_mfc
+        upstream = nx.ancestors(build_graph(self.mfcs), name) | {name}
+        return [m for m in self.mfcs if m.name in upstream]
+
     def trained_roles(self) -> dict[str, str]:
         """Role -> its first training MFC (the one whose interface saves the model)."""
         out: dict[str, str] = {}
@@ -335,6 +361,7 @@ class ExperimentConfig:
                     f"MFC {name!r} trains model {mfc.role!r} in {placement}, not in its home "
                     f"{self.placement(mfc.role)}: a model trains where its weights live"
                 )
+        self._check_dynamic_sampling()
         for spec in self.failpoints:
             Failpoint.parse(spec)
         if self.owner_role() not in self.allocations:
@@ -342,6 +369,23 @@ class ExperimentConfig:
         idle = sorted(set(range(self.n_model_workers)) - {w for ws in self._used_workers() for w in ws})
         if idle:
             raise ValueError(f"model workers {idle} hold no model; lower n_model_workers or allocate them")
+
+    def _check_dynamic_sampling(self) -> None:
+        sampling = self.dynamic_sampling
+        if sampling is None:
+            return
+        if all(m.name != sampling.filter_mfc for m in self.mfcs):
+            raise ValueError(
+                f"dynamic_sampling.filter_mfc names {sampling.filter_mfc!r}, not an MFC of the graph"
+            )
+        if sampling.max_rounds < 1:
+            raise ValueError(f"dynamic_sampling.max_rounds must be >= 1, got {sampling.max_rounds}")
+        trains = [m.name for m in self.sampling_mfcs() if m.interface_type is ModelInterfaceType.TRAIN_STEP]
+        if trains:
+            raise ValueError(
+                f"dynamic sampling: the filter {sampling.filter_mfc!r} depends on the training calls "
+                f"{trains}; only generate and inference calls can run in sampling rounds"
+            )
 
     def _check_placement(self, what: str, placement: Placement, key: str | None = None) -> None:
         """``what`` runs in ``placement``: p1, workers that exist, data for every dp rank."""

@@ -250,7 +250,7 @@ def dr_grpo_preset() -> dict[str, Any]:
 def dapo_preset() -> dict[str, Any]:
     """DAPO ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", Yu et al. 2025):
     clip-higher (0.2 / 0.28), token-level loss aggregation, overlong reward shaping over the last
-    fifth of the length budget, no KL term."""
+    fifth of the length budget, no KL term; and (an experiment option, below) dynamic sampling."""
     return {
         **grpo_preset(),
         "eps_clip": 0.2,
@@ -308,6 +308,8 @@ PRESETS = {
 
 # what a preset sets outside ``ppo.*`` (the experiment's own options), as key=value overrides
 PRESET_EXPERIMENT_OPTIONS = {
+    # DAPO's dynamic sampling: prompts whose answers all score the same are replaced by others
+    "dapo": ["dynamic_sampling.enabled=true"],
     # lm-human-preferences as "The N Implementation Details of RLHF with PPO" reproduces it: the
     # learning rate annealed linearly to zero, TensorFlow's Adam epsilon ("PyTorch Adam optimizer
     # numerical issues"), and the value head initialised to zero
