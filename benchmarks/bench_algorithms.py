@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from realrl.experiments.tasks.arith import MAX_NEW_TOKENS
+
 # (label, command-line arguments)
 SENTIMENT_RUNS = [
     ("ppo", ["ppo"]),
@@ -31,13 +33,29 @@ SENTIMENT_RUNS = [
     ("reinforce_pp", ["reinforce_pp"]),
     ("remax", ["remax"]),
 ]
-ARITH_RUNS = [("grpo", ["grpo", "task=arith"]), ("rloo", ["rloo", "task=arith"])]
-# a preset's own sampling (256 tokens, top-p 0.9) is not the task's: keep the task's
-TASK_SAMPLING = ["ppo.gen.max_new_tokens=13", "ppo.gen.top_p=1.0", "ppo.gen.top_k=0", "ppo.gen.n=4"]
+ARITH_RUNS = [
+    ("grpo", ["grpo", "task=arith"]),
+    ("rloo", ["rloo", "task=arith"]),
+    ("dapo", ["grpo", "task=arith", "ppo_preset=dapo"]),  # with dynamic sampling
+    (
+        "dapo_without_dynamic_sampling",
+        ["grpo", "task=arith", "ppo_preset=dapo", "dynamic_sampling.enabled=false"],
+    ),
+]
+# a preset's own sampling (256 tokens, top-p 0.9, 4 answers) is not the task's: keep the task's
+TASK_SAMPLING = {
+    "sentiment": ["ppo.gen.max_new_tokens=13", "ppo.gen.top_p=1.0", "ppo.gen.top_k=0", "ppo.gen.n=4"],
+    "arith": [
+        f"ppo.gen.max_new_tokens={MAX_NEW_TOKENS}",
+        "ppo.gen.top_p=1.0",
+        "ppo.gen.top_k=0",
+        "ppo.gen.n=8",
+    ],
+}
 
 
 def run(label: str, args: list[str], seed: int, fileroot: str, task: str) -> dict:
-    extra = TASK_SAMPLING if any(a.startswith("ppo_preset=") for a in args) and task == "sentiment" else []
+    extra = TASK_SAMPLING[task] if any(a.startswith("ppo_preset=") for a in args) else []
     trial = f"{label}-seed{seed}"
     cmd = [
         sys.executable,
@@ -55,9 +73,20 @@ def run(label: str, args: list[str], seed: int, fileroot: str, task: str) -> dic
     if proc.returncode != 0:
         raise SystemExit(f"{label} seed {seed} failed (exit {proc.returncode}); see {log.name}")
     prefix = "toy" if task == "sentiment" else "arith"
-    with open(os.path.join(fileroot, label, f"{prefix}-seed{seed}", "summary.json")) as f:
+    run_dir = os.path.join(fileroot, label, f"{prefix}-seed{seed}")
+    with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
-    return {"label": label, "seed": seed, "wall_s": time.time() - start, **summary}
+    with open(os.path.join(run_dir, "stats.jsonl")) as f:
+        rounds = [json.loads(line).get("dynamic_sampling/rounds") for line in f if line.strip()]
+    # dynamic sampling: batches of prompts generated per step (1 without it)
+    rounds_per_step = statistics.mean(rounds) if rounds and None not in rounds else 1.0
+    return {
+        "label": label,
+        "seed": seed,
+        "wall_s": time.time() - start,
+        "rounds_per_step": rounds_per_step,
+        **summary,
+    }
 
 
 def main() -> None:
@@ -84,12 +113,16 @@ def main() -> None:
             r = run(label, cli, seed, fileroot, args.task)
             rows.append(r)
             print(
-                json.dumps({k: r.get(k) for k in ("label", "seed", before, after, "kl", "wall_s")}),
+                json.dumps(
+                    {k: r.get(k) for k in ("label", "seed", before, after, "kl", "rounds_per_step", "wall_s")}
+                ),
                 flush=True,
             )
     print(f"\n{args.task} task, {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}); mean (min..max)")
-    print("| algorithm | SFT policy | after RL | gain | KL to reference | RL wall s |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| algorithm | SFT policy | after RL | gain | KL to reference | prompt batches per step | RL wall s |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for label, _ in runs:
         mine = [r for r in rows if r["label"] == label]
 
@@ -101,7 +134,8 @@ def main() -> None:
 
         gains = [r[after] - r[before] for r in mine]
         gain = f"{statistics.mean(gains):+.3g} ({min(gains):+.3g}..{max(gains):+.3g})"
-        print(f"| {label} | {cell(before)} | {cell(after)} | {gain} | {cell('kl')} | {cell('wall_s')} |")
+        row = [cell(before), cell(after), gain, cell("kl"), cell("rounds_per_step"), cell("wall_s")]
+        print(f"| {label} | " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
