@@ -227,3 +227,18 @@ def test_fp16_uses_a_loss_scaler_and_skips_overflowing_steps():
     stats = engine.train_batch(batch, None, inf_loss, n_loss_tokens)
     assert stats["update_skipped"] == 1.0 and engine.grad_scaler.get_scale() < scale
     assert all(torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
+
+
+def test_statistics_are_weighted_means_but_maxima_stay_maxima():
+    batch = make_batch(LENGTHS)
+    engine = make_engine()
+
+    def loss_fn(out, mb):
+        loss, _ = token_loss(out, mb)
+        longest = float(max(mb.flat_seqlens("packed_input_ids")))
+        return loss, {"longest": longest, "longest_max": longest}
+
+    stats = engine.accumulate_gradients(batch, MicroBatchSpec(n_mbs=4), loss_fn, n_loss_tokens)
+    assert stats["n_mbs"] == 4
+    assert stats["longest_max"] == max(LENGTHS)  # the largest over the micro-batches
+    assert stats["longest"] < max(LENGTHS)  # a weighted mean

@@ -151,3 +151,20 @@ def test_clip_higher_lets_a_rising_ratio_through(tokenizer, eps_clip_high):
     assert 0 < positive_frac < 1
     expected = positive_frac if eps_clip_high is None else 0.0
     assert stats["clip_frac"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_first_minibatch_ratio_shows_generation_and_training_agree(tokenizer):
+    """The first minibatch meets the policy that sampled it: its token ratios are 1 up to float
+    error. A rollout whose log-probs disagree with the training forward shows in the statistic."""
+    actor = make_model(tokenizer, lr=3e-3)
+    a, adv = iface("ppo_actor", ppo_n_minibatches=2), iface("ppo_advantages")
+    data = rollout_with_advantages(tokenizer, actor, a, adv)
+    stats = a.train_step(actor, data)
+    assert 0.0 <= stats["first_mb_ratio_max_dev"] < 1e-4  # fp32 on a CPU: the same numbers
+    assert "ratio_dev_max" not in stats
+    actor = make_model(tokenizer, lr=3e-3)
+    skewed = rollout_with_advantages(tokenizer, actor, a, adv)
+    mask = skewed.data["ppo_loss_mask"].bool()
+    skewed.data["packed_logprobs"] = skewed.data["packed_logprobs"] + 0.2 * mask  # the sampler's, off by 0.2
+    stats = a.train_step(actor, skewed)
+    assert stats["first_mb_ratio_max_dev"] == pytest.approx(1 - math.exp(-0.2), abs=1e-4)

@@ -132,7 +132,7 @@ def test_bad_cu_seqlens_is_a_clear_error():
 def test_sample_categorical_follows_the_distribution():
     """Frequencies over many rows, each with its own counter-based uniform, match the
     probabilities (a chi-square statistic with a loose bound; the draws are fixed by the keys)."""
-    from realrl.impl.model.nn.generation import row_uniforms, sample_categorical
+    from realrl.impl.model.nn.sampling import row_uniforms, sample_categorical
 
     n = 20000
     probs = torch.tensor([0.5, 0.0, 0.2, 0.3])
@@ -154,7 +154,7 @@ def test_sample_categorical_follows_the_distribution():
 
 
 def test_sample_categorical_matches_softmax_over_a_vocabulary():
-    from realrl.impl.model.nn.generation import row_uniforms, sample_categorical
+    from realrl.impl.model.nn.sampling import row_uniforms, sample_categorical
 
     n, v = 50000, 12
     probs = torch.softmax(torch.randn(v, generator=torch.Generator().manual_seed(0)) * 1.5, dim=-1)

@@ -80,6 +80,10 @@ SAMPLES_KEY = "samples"
 DROPPED_KEY = "dropped_ids"
 
 
+# how generation runs its decoding steps (GenerationHyperparameters.decoding, nn/generation.py)
+DECODING_MODES = ("auto", "eager", "static", "cuda_graph")
+
+
 @dataclasses.dataclass
 class GenerationHyperparameters:
     """Sampling settings ("The N Implementation Details of RLHF with PPO", general detail 4 and
@@ -93,8 +97,15 @@ class GenerationHyperparameters:
     top_k: int = 0  # 0 disables top-k
     temperature: float = 1.0
     fixed_length: bool = False  # always sample max_new_tokens (lm-human-preferences mode)
+    # how decoding steps run: auto (CUDA graphs on a GPU, else eager) | eager | static (fixed
+    # shapes without graphs: the graphs' logic, anywhere) | cuda_graph
+    decoding: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.decoding not in DECODING_MODES:
+            raise ValueError(
+                f"GenerationHyperparameters.decoding must be one of {DECODING_MODES}, got {self.decoding!r}"
+            )
         if self.n < 1:
             raise ValueError(f"GenerationHyperparameters.n must be >= 1, got {self.n}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens or self.max_new_tokens < 1:

@@ -124,6 +124,12 @@ class PPOActorInterface(ModelInterface):
         )
         loss = aggregate_loss(per_token, mask, short_cu, hp.loss_agg_mode, hp.norm_const())
         stats = {k: float(v) for k, v in st.items()}
+        # how far the token ratio strays from 1 before any update: generation and training
+        # disagreeing about the same tokens' log-probs (train_step reports the first minibatch's)
+        old = mb.data["packed_logprobs"].to(dev)
+        stray = ((logp.detach() - old).exp() - 1).abs()
+        on = mask.bool()
+        stats["ratio_dev_max"] = float(stray[on].max()) if bool(on.any()) else 0.0
         if hp.kl_loss_coef > 0:
             kl = F.kl_divergence(logp, mb.data["packed_ref_logprobs"].to(dev), "k3")
             kl_loss = aggregate_loss(kl * mask, mask, short_cu, hp.loss_agg_mode, hp.norm_const())
@@ -170,7 +176,11 @@ class PPOActorInterface(ModelInterface):
             output_index_fn=logprob_index(_ppo_loss_mask),
             prepare=self._whiten_minibatch if per_minibatch else None,
         )
+        # the first minibatch meets the policy that generated it: its token ratios should be 1
+        first_dev = [s.pop("ratio_dev_max", None) for s in step_stats][0]
         stats = mean_stats(step_stats)
+        if first_dev is not None:  # None: the minibatch held no answer token
+            stats["first_mb_ratio_max_dev"] = first_dev
         stats["n_updates"] = float(len(step_stats))
         model.inc_version()
         return stats

@@ -37,7 +37,7 @@ from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutpu
 from realrl.impl.model.backend import dp
 from realrl.impl.model.backend.checkpoint import save_module_weights
 from realrl.impl.model.backend.config import EngineConfig
-from realrl.impl.model.nn.generation import derive_keys, random_keys
+from realrl.impl.model.nn.sampling import derive_keys, random_keys
 from realrl.impl.model.parallel.mesh import ParallelContext
 
 INPUT_KEY = "packed_input_ids"

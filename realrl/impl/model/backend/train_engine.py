@@ -48,6 +48,9 @@ logger = logging.getLogger("train_engine")
 LossFn = Callable[[torch.Tensor, SequenceSample], tuple[torch.Tensor, dict[str, float]]]
 LossWeightFn = Callable[[SequenceSample], float]
 SCOPES = ("global", "dp")
+# the loss function's statistics are averaged over micro-batches by their weight, except those
+# named "<...>_max": the largest value over the micro-batches
+MAX_STAT_SUFFIX = "_max"
 
 
 class TrainEngine(InferenceEngine):
@@ -133,7 +136,10 @@ class TrainEngine(InferenceEngine):
                 share = w / local_total
                 loss_sum += float(loss.detach()) * share
                 for k, v in stats.items():
-                    stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * share
+                    if k.endswith(MAX_STAT_SUFFIX):  # a largest value: the largest over micro-batches
+                        stat_sums[k] = max(stat_sums.get(k, float("-inf")), float(v))
+                    else:
+                        stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * share
                 n_tokens += sum(mb.flat_seqlens(INPUT_KEY))
         dp.all_reduce_gradients(self.module.parameters(), self.grad_sync_group)
         return {

@@ -31,6 +31,36 @@ class KVCache:
     def batch(self) -> int:
         return self.k[0].shape[0]
 
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+    # -- in place, for fixed-shape decoding (nn/static_decode.py): the tensors keep their address
+
+    def rows(self, n: int) -> KVCache:
+        """The first ``n`` rows, sharing this cache's memory."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = [t[:n] for t in self.k], [t[:n] for t in self.v]
+        return view
+
+    def compact_(self, rows: torch.Tensor) -> None:
+        """Copy ``rows`` (indices, in order) to the front, in place."""
+        n = rows.numel()
+        for t in (*self.k, *self.v):
+            t[:n] = t[rows]
+
+    def fill_answers_(self, n: int) -> None:
+        """Rows ``i * n`` (one per prompt, filled by prefill) copied to rows ``i * n + 1 .. i * n + n
+        - 1``: the prompt's cache for each of its ``n`` answers, in place."""
+        if n > 1:
+            for t in (*self.k, *self.v):
+                grouped = t.view(t.shape[0] // n, n, *t.shape[1:])
+                grouped[:, 1:] = grouped[:, :1]
+
+    def zero_(self) -> None:
+        for t in (*self.k, *self.v):
+            t.zero_()
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (indices or a bool mask), in that order."""
         self.k = [t[rows] for t in self.k]

@@ -1,16 +1,16 @@
 """Generation with a KV cache over packed prompts, no padding.
 
 Prompts are prefilled in one packed forward; then each step feeds one token per live sequence.
-A sequence that emits EOS leaves the live batch (its cache row is dropped), so finished
-sequences stop costing compute. Log-probs are those of the sampled tokens under
+Two ways to run the steps (``GenerationHyperparameters.decoding``): the eager loop, where a
+sequence that emits EOS leaves the live batch at once (its cache row is dropped), the default on a
+CPU; and fixed-shape steps (``nn/static_decode.py``), captured as CUDA graphs on a GPU, where
+finished rows leave at batch-bucket boundaries. Log-probs are those of the sampled tokens under
 ``logits / temperature`` ("The N Implementation Details of RLHF with PPO", policy detail 1, "Scale
 the logits by sampling temperature"), before top-k/top-p filtering, so a training forward
 recomputes them exactly.
 
-Sampling randomness is counter-based: each output sequence has a 64-bit key (its prompt's key
-mixed with its answer index) and step ``s`` draws ``row_uniforms(keys, s)``, a hash of (key, s).
-A sequence's tokens therefore depend on its key only, not on which other prompts share the batch,
-their order, or the data-parallel rank that generates it.
+Sampling randomness is counter-based (``nn/sampling.py``): a sequence's tokens depend on its key
+only, not on which other prompts share the batch.
 """
 
 from __future__ import annotations
@@ -21,112 +21,9 @@ from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutpu
 from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.attention import activation_dtype
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_attention_kernels
-from realrl.impl.model.nn.transformer_block import linear
-from realrl.impl.model.utils.logits_warper import warp_logits
-
-
-def _eos_tensor(eos_token_id: int | list[int] | None, device) -> torch.Tensor:
-    if eos_token_id is None:
-        return torch.zeros(0, dtype=torch.long, device=device)
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    return torch.tensor(ids, dtype=torch.long, device=device)
-
-
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _int64(x: int) -> int:
-    """The low 64 bits of ``x`` as the signed value torch's int64 holds."""
-    x &= (1 << 64) - 1
-    return x - (1 << 64) if x >> 63 else x
-
-
-# splitmix64's increment and finalizer multipliers ("Fast splittable pseudorandom number generators",
-# Steele, Lea and Flood), as signed int64
-_GOLDEN_U64 = 0x9E3779B97F4A7C15
-_GOLDEN = _int64(_GOLDEN_U64)
-_MUL1 = _int64(0xBF58476D1CE4E5B9)
-_MUL2 = _int64(0x94D049BB133111EB)
-# domain separation: a key's answer sub-keys and its per-step draws are different streams
-_ANSWER_SALT = _int64(0x3C6EF372FE94F82B)
-_STEP_SALT = _int64(0xA54FF53A5F1D36F1)
-
-
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 bit patterns (torch's ``>>`` on int64 is arithmetic)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def mix64(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finalizer on int64 tensors: a bijection of 64-bit patterns whose outputs look
-    independent for related inputs. Elementwise ops only (int64 products wrap), so it runs on any
-    device without a host sync and can be captured in a CUDA graph."""
-    x = (x ^ _shr(x, 30)) * _MUL1
-    x = (x ^ _shr(x, 27)) * _MUL2
-    return x ^ _shr(x, 31)
-
-
-def derive_keys(keys: torch.Tensor, counter: torch.Tensor | int, salt: int) -> torch.Tensor:
-    """Output ``counter`` of the splitmix64 stream seeded by ``mix64(keys ^ salt)``: a new key per
-    (key, counter), injective in ``counter`` for a fixed key. ``salt`` separates uses of one key."""
-    if isinstance(counter, torch.Tensor):
-        offset = (counter + 1) * _GOLDEN  # wraps like the Python int below
-    else:
-        offset = _int64((counter + 1) * _GOLDEN_U64)
-    return mix64(mix64(keys ^ salt) + offset)
-
-
-def answer_keys(prompt_keys: torch.Tensor, n: int) -> torch.Tensor:
-    """Keys of the ``n`` answers of each prompt, prompt-major: answer j of prompt i at ``i * n + j``."""
-    j = torch.arange(n, device=prompt_keys.device).repeat(prompt_keys.shape[0])
-    return derive_keys(prompt_keys.repeat_interleave(n), j, _ANSWER_SALT)
-
-
-def random_keys(n: int) -> torch.Tensor:
-    """``n`` int64 keys (on the CPU) from torch's global RNG, so ``torch.manual_seed`` makes a run
-    reproducible."""
-    return torch.randint(INT64_MIN, INT64_MAX, (n,), dtype=torch.long)
-
-
-def row_uniforms(keys: torch.Tensor, step: torch.Tensor | int) -> torch.Tensor:
-    """One uniform in [0, 1) per key for decoding step ``step`` (float64, 53 random bits), a pure
-    function of (key, step): what a row samples does not depend on the other rows of its batch."""
-    bits = _shr(derive_keys(keys, step, _STEP_SALT), 11)
-    return bits.to(torch.float64) * 2.0**-53
-
-
-def sample_categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One draw per row of ``probs`` [B, V] by inverting the CDF at the row's uniform ``u`` [B].
-
-    Same distribution as ``torch.multinomial(probs, 1)`` when ``u`` is uniform, but takes B random
-    numbers instead of B * V (multinomial's exponential race), which dominated the per-step
-    sampling cost. Zero-probability tokens own empty CDF intervals and are never drawn: the point
-    is kept strictly below the total, where rounding could otherwise land it past the last token.
-    """
-    cdf = probs.cumsum(dim=-1)
-    total = cdf[:, -1:]
-    x = (u.view(-1, 1) * total.double()).to(cdf.dtype)
-    x = torch.minimum(x, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-
-
-def _next_tokens(
-    logits: torch.Tensor, g: GenerationHyperparameters, eos: torch.Tensor, step: int, keys: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [B], its log-prob under logits / temperature [B]) for one step; row b samples with
-    ``row_uniforms(keys, step)[b]``."""
-    scaled = logits.float() if g.temperature == 1.0 else logits.float() / g.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    masked = step < g.min_new_tokens and eos.numel() > 0  # EOS is not allowed yet
-    pick = scaled.index_fill(-1, eos, float("-inf")) if masked else scaled
-    if g.greedy:
-        tokens = pick.argmax(dim=-1)
-    elif masked or g.top_k > 0 or g.top_p < 1.0:
-        probs = torch.softmax(warp_logits(pick, g.top_k, g.top_p), dim=-1)
-        tokens = sample_categorical(probs, row_uniforms(keys, step))
-    else:  # plain sampling: the probabilities are exp(logp), no second softmax
-        tokens = sample_categorical(logp.exp(), row_uniforms(keys, step))
-    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+from realrl.impl.model.nn.sampling import answer_keys, eos_tensor, next_tokens, random_keys
+from realrl.impl.model.nn.static_decode import DecodeTrace, StaticDecoder, cache_capacity
+from realrl.impl.model.nn.transformer_block import is_sharded, linear
 
 
 @torch.no_grad()
@@ -137,16 +34,17 @@ def generate(
     gconfig: GenerationHyperparameters,
     eos_token_id: int | list[int] | None = None,
     prompt_keys: torch.Tensor | None = None,
+    trace: DecodeTrace | None = None,
 ) -> GenerationOutput:
     """Answers to the packed prompts; ``prompt_keys`` (int64 [n_prompts]) fix each prompt's sampling
     randomness (answer j of prompt i uses ``answer_keys(prompt_keys, n)[i * n + j]``); None draws
-    them from torch's global RNG."""
+    them from torch's global RNG. ``trace``: filled with what fixed-shape decoding did."""
     if model.config.is_critic:
         raise ValueError("generate() needs a language model; this ReaLModel is a critic (scalar head)")
     was_training = model.training
     model.eval()
     try:
-        return _generate(model, input_ids, cu_seqlens, gconfig, eos_token_id, prompt_keys)
+        return _generate(model, input_ids, cu_seqlens, gconfig, eos_token_id, prompt_keys, trace)
     finally:
         model.train(was_training)
 
@@ -158,9 +56,10 @@ def _generate(
     g: GenerationHyperparameters,
     eos_token_id: int | list[int] | None,
     prompt_keys: torch.Tensor | None,
+    trace: DecodeTrace | None,
 ) -> GenerationOutput:
     cfg, device, n = model.config, input_ids.device, g.n
-    eos = _eos_tensor(eos_token_id, device)
+    eos = eos_tensor(eos_token_id, device)
     ctx = model.packed_context(input_ids, cu_seqlens)
     prompt_lens = ctx.meta.seqlens
     if min(prompt_lens) < 1:
@@ -176,15 +75,56 @@ def _generate(
         )
     keys = answer_keys(prompt_keys.to(device), n)  # row of the cache -> its sequence's key
     dtype = activation_dtype(model.dtype, device)  # bf16 under autocast with fp32 weights
+    lens_t = torch.tensor(prompt_lens, device=device)
+    mode = decoding_mode(model, g, device)
+    if mode == "eager":
+        return _eager_decode(model, input_ids, ctx, lens_t, keys, g, eos, dtype)
+    n_seqs = n_prompts * n
+    capacity = cache_capacity(max(prompt_lens), max_new)
+    cache = KVCache(cfg.n_layers, n_seqs, model.local_kv_heads, capacity, cfg.head_dim, dtype, device)
+    vocab = model.head.weight.shape[0]
+    decoder = StaticDecoder(model, cache, vocab, dtype, g, eos, use_graphs=mode == "cuda_graph", trace=trace)
+    # prefill into row i * n of prompt i, then the prompt's other answers get copies of it
+    logits = _prefill(model, input_ids, ctx, lens_t, cache, row_stride=n)
+    cache.fill_answers_(n)
+    out_tokens, out_logp, gen_lens = decoder.decode(
+        logits.repeat_interleave(n, dim=0), lens_t.repeat_interleave(n), keys
+    )
+    return _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos)
+
+
+def decoding_mode(model, g: GenerationHyperparameters, device: torch.device) -> str:
+    """How the decoding steps run (``g.decoding``): "auto" is "cuda_graph" on a CUDA device for a
+    model that is not split by tensor parallelism, else "eager"."""
+    mode = g.decoding
+    split = len(model.layers) > 0 and is_sharded(model.layers[0].attn.q)
+    if mode == "auto":
+        return "cuda_graph" if device.type == "cuda" and not split else "eager"
+    if mode == "cuda_graph" and device.type != "cuda":
+        raise ValueError(f"decoding='cuda_graph' needs a CUDA device; the model is on {device}")
+    if mode != "eager" and split:
+        raise ValueError(f"decoding={mode!r} does not run a model split by tensor parallelism; use 'eager'")
+    return mode
+
+
+def _prefill(model, input_ids, ctx, lens: torch.Tensor, cache: KVCache, row_stride: int = 1) -> torch.Tensor:
+    """The prompts' forward, filling row ``i * row_stride`` of ``cache`` with prompt i's keys and
+    values; the next-token logits [n_prompts, V]. The last layer past attention and the head run
+    only on each prompt's last token."""
+    rows = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device) * row_stride, lens)
+    ctx.cache, ctx.cache_slots = cache, cache.slots(rows, ctx.meta.positions)
+    return model.head(model.hidden_states(input_ids, ctx, ctx.meta.cu_seqlens[1:].long() - 1))
+
+
+def _eager_decode(model, input_ids, ctx, lens_t, keys, g, eos, dtype) -> GenerationOutput:
+    """One Python-driven step per token; a sequence that ends leaves the batch at once."""
+    cfg, device, n, max_new = model.config, input_ids.device, g.n, g.max_new_tokens
+    prompt_lens = ctx.meta.seqlens
+    n_prompts = len(prompt_lens)
     cache = KVCache(
         cfg.n_layers, n_prompts, model.local_kv_heads, max(prompt_lens) + max_new, cfg.head_dim, dtype, device
     )
-    lens_t = torch.tensor(prompt_lens, device=device)
-    rows = torch.repeat_interleave(torch.arange(n_prompts, device=device), lens_t)
-    ctx.cache, ctx.cache_slots = cache, cache.slots(rows, ctx.meta.positions)
-
-    # prefill: the last layer past attention and the head run only on each prompt's last token
-    logits = model.head(model.hidden_states(input_ids, ctx, ctx.meta.cu_seqlens[1:].long() - 1))
+    logits = _prefill(model, input_ids, ctx, lens_t, cache)
     cache.repeat_interleave(n)
     logits = logits.repeat_interleave(n, dim=0)
     lens = lens_t.repeat_interleave(n)
@@ -198,7 +138,7 @@ def _generate(
     gen_lens = torch.full((n_seqs,), max_new, dtype=torch.long, device=device)
     with decode_attention_kernels(device):
         for step in range(max_new):
-            tokens, logp = _next_tokens(logits, g, eos, step, keys)
+            tokens, logp = next_tokens(logits, g, eos, step, keys)
             out_tokens[live, step] = tokens
             out_logp[live, step] = logp
             if step == max_new - 1:
