@@ -223,11 +223,14 @@ class PPOConfig(CommonExperimentConfig):
         "kl": ["compute_adv/ref_kl", "eval/ref_kl"],  # the actor's KL to the reference model
         "loss": ["actor_train/loss", "critic_train/critic_loss"],
         "length": ["compute_adv/response_length", "eval/response_length"],
+        # dynamic sampling: the share of prompts kept, and batches of prompts sampled per step
+        "sampling": ["dynamic_sampling/kept_fraction", "dynamic_sampling/rounds"],
     }
     PROGRESS = {
         "reward": ("compute_adv/task_reward",),
         "kl": ("compute_adv/ref_kl",),
         "loss": ("actor_train/loss",),
+        "rounds": ("dynamic_sampling/rounds",),
     }
 
     def __post_init__(self) -> None:

@@ -174,6 +174,21 @@ def test_other_experiments_run_two_steps(fileroot, name, extra):
         assert len(rows) == 16 and all(r["completion"] for r in rows)
 
 
+def test_dapo_samples_dynamically_from_the_command_line(fileroot):
+    sampling = ["ppo.gen.max_new_tokens=13", "ppo.gen.top_p=1.0", "ppo.gen.n=4", "toy_eval_prompts=32"]
+    cfg, _ = run("grpo", fileroot, "ppo_preset=dapo", "experiment_name=dapo", *sampling)
+    assert cfg.dynamic_sampling.enabled
+    with open(os.path.join(cfg.run_dir, "stats.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    for r in records:
+        assert (
+            r["dynamic_sampling/rounds"] >= 1
+            and r["dynamic_sampling/kept_groups"] >= cfg.dataset.train_bs_n_seqs
+        )
+        assert {"actor_gen", "rew_inf", "filter_groups", "compute_adv", "actor_train"} <= set(r["timing"])
+    assert "sampling.png" in os.listdir(os.path.join(cfg.run_dir, "plots"))
+
+
 def test_my_ppo_example_swaps_the_reward_interface(fileroot):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
     try:
