@@ -100,6 +100,13 @@ def sample_categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
+def is_eos(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """bool [B]: each token is one of the EOS ids. An explicit comparison, not ``torch.isin``,
+    which sorts for large inputs and then cannot run inside a CUDA graph (PyTorch issue
+    "cuda graph error for torch.isin if the input tensors are too large")."""
+    return (tokens[:, None] == eos[None, :]).any(dim=-1)
+
+
 def next_tokens(
     logits: torch.Tensor,
     g: GenerationHyperparameters,

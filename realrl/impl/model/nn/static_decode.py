@@ -34,7 +34,7 @@ import torch
 from realrl.api.core.model_api import GenerationHyperparameters
 from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_attention_kernels
-from realrl.impl.model.nn.sampling import next_tokens
+from realrl.impl.model.nn.sampling import is_eos, next_tokens
 from realrl.impl.model.nn.transformer_block import linear
 
 DEFAULT_CHECK_EVERY = 8  # steps between two looks at the finished flags (each one a host sync)
@@ -149,7 +149,7 @@ def sample_and_record(
     state.out_tokens.index_put_((out_row, column), tokens)
     state.out_logp.index_put_((out_row, column), logp)
     if stops_at_eos:
-        done = torch.isin(tokens, eos) & ~finished
+        done = is_eos(tokens, eos) & ~finished
         ended = torch.where(done, state.seq[:rows], state.spare)
         state.gen_lens.index_put_((ended,), (state.step + 1).expand(rows))
         finished |= done
