@@ -364,7 +364,6 @@ class MasterWorker:
         """Wait for the call's replies, then what follows it: evaluation and checkpoints of a
         trained model, freeing samples every MFC is done with (not waited for: the clear
         requests' replies are checked as they come and at the end), the step's record."""
-        cfg = self.config
         result = await self.calls.finish(mfc, posted)
         if self.trained.get(mfc.role) == mfc.name:
             await self._evaluate(mfc, step)
@@ -374,8 +373,7 @@ class MasterWorker:
         done = self.buffer.finish(mfc.name, result.ids)
         if done:
             clears.append({w: self.stream.post(model_worker_name(w), "clear", done) for w in self.workers})
-        while clears and all(f.done() for f in clears[0].values()):  # raise a failed clear now
-            await wait_replies(clears.pop(0), model_worker_name, "clear", cfg.timeouts.request)
+        await self._reap_clears(clears)
         _record_call(self.records[step], mfc, result)
         self.progress.calls_done[mfc.name] += 1
         self._maybe_finish_step(step)
@@ -411,6 +409,7 @@ class MasterWorker:
                 clears.append(
                     {w: self.stream.post(model_worker_name(w), "clear", sampled.freed) for w in self.workers}
                 )
+            await self._reap_clears(clears)
             for m in mfcs:
                 if m in self.state_mfcs and self.schedule.recover_due(step + 1):
                     await self._save_state(m, step + 1)
@@ -419,6 +418,12 @@ class MasterWorker:
             self.progress.notify()
         for futures in clears:
             await wait_replies(futures, model_worker_name, "clear", cfg.timeouts.request)
+
+    async def _reap_clears(self, clears: list[dict]) -> None:
+        """Check the replies of the clear requests already answered, oldest first: a failed one
+        is raised now, not at the end of the run."""
+        while clears and all(f.done() for f in clears[0].values()):
+            await wait_replies(clears.pop(0), model_worker_name, "clear", self.config.timeouts.request)
 
     def _prompt_batches_done(self) -> int:
         """Prompt batches a resumed run's earlier steps fetched (its last kept record says; one
