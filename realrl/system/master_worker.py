@@ -23,7 +23,7 @@ from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyTracker
 from realrl.system.dynamic_sampling import DynamicSampler, merged_result
-from realrl.system.function_call import CallDispatcher, CallResult, PostedCall, post_all, run_guarded
+from realrl.system.function_call import CallDispatcher, PostedCall, post_all, run_guarded
 from realrl.system.protocol import (
     EvaluateRequest,
     FetchEvalRequest,
@@ -35,6 +35,7 @@ from realrl.system.protocol import (
 )
 from realrl.system.request_reply_stream import MasterStream, WorkerLostError, wait_replies
 from realrl.system.schedule import Schedule
+from realrl.system.step_records import brief, record_call, record_realloc
 
 logger = logging.getLogger("master_worker")
 
@@ -374,7 +375,7 @@ class MasterWorker:
         if done:
             clears.append({w: self.stream.post(model_worker_name(w), "clear", done) for w in self.workers})
         await self._reap_clears(clears)
-        _record_call(self.records[step], mfc, result)
+        record_call(self.records[step], mfc, result)
         self.progress.calls_done[mfc.name] += 1
         self._maybe_finish_step(step)
         self.progress.notify()
@@ -402,8 +403,8 @@ class MasterWorker:
             self.records[step] = record
             for m in mfcs:
                 for result in sampled.results[m.name]:
-                    _record_realloc(record, m.role, result)
-                _record_call(record, m, merged_result(sampled.results[m.name]))
+                    record_realloc(record, m.role, result)
+                record_call(record, m, merged_result(sampled.results[m.name]))
             sampled.buffer.move_to(self.buffer, sampled.kept)
             if sampled.freed:
                 clears.append(
@@ -562,7 +563,7 @@ class MasterWorker:
             if samples:
                 with open(self.samples_path, "a") as f:
                     f.write(json.dumps({"step": record["step"], SAMPLES_KEY: samples}) + "\n")
-            logger.info("step %d/%d done: %s", done + 1, self.total_steps, _brief(record))
+            logger.info("step %d/%d done: %s", done + 1, self.total_steps, brief(record))
             self.on_step(record, self.total_steps)
             self.progress.steps_done += 1
         self._mark_recover_points()
@@ -582,34 +583,3 @@ class MasterWorker:
         for f in futures:
             if f.done() and not f.cancelled():
                 f.exception()
-
-
-def _record_call(record: dict, mfc: MFCDef, result: CallResult) -> None:
-    """A finished call in its step's record: ``<mfc>/<stat>``, its time, its samples, its move."""
-    record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
-    record["timing"][mfc.name] = round(result.seconds, 4)
-    if result.samples:
-        record.setdefault(SAMPLES_KEY, []).extend(result.samples)
-    _record_realloc(record, mfc.role, result)
-
-
-def _record_realloc(record: dict, role: str, result: CallResult) -> None:
-    """A step's reallocations of ``role`` under ``realloc/<role>/...``: bytes received (all
-    workers), seconds moving and seconds waiting for busy workers to arrive (the slowest worker,
-    summed over the step's moves), count and moves."""
-    moved = result.realloc
-    if moved is None:
-        return
-    prefix = f"realloc/{role}"
-    record[f"{prefix}/bytes"] = record.get(f"{prefix}/bytes", 0.0) + float(moved.bytes)
-    record[f"{prefix}/seconds"] = round(record.get(f"{prefix}/seconds", 0.0) + moved.seconds, 4)
-    waited = record.get(f"{prefix}/wait_seconds", 0.0) + moved.wait_seconds
-    record[f"{prefix}/wait_seconds"] = round(waited, 4)
-    record[f"{prefix}/count"] = record.get(f"{prefix}/count", 0.0) + 1.0
-    moves = record.get(f"{prefix}/moves")
-    record[f"{prefix}/moves"] = moved.move if moves is None else f"{moves}; {moved.move}"
-    record["timing"][prefix] = record[f"{prefix}/seconds"]
-
-
-def _brief(record: dict) -> str:
-    return ", ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float) and "/" in k)
