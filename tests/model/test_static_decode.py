@@ -148,3 +148,23 @@ def test_auto_is_eager_on_the_cpu_and_cuda_graphs_need_cuda():
         decoding_mode(model, GenerationHyperparameters(decoding="cuda_graph"), cpu)
     with pytest.raises(ValueError, match="decoding must be one of"):
         GenerationHyperparameters(decoding="fast")
+
+
+def test_a_failed_capture_decodes_eagerly_under_auto_and_raises_when_asked_for(monkeypatch):
+    from realrl.impl.model.nn import static_decode
+    from realrl.impl.model.nn.generation import static_decoder
+
+    class UncapturableStep:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(static_decode, "StepGraphs", UncapturableStep)  # what a capture failure raises
+    model = tiny_real_model()
+    cache = KVCache(2, 4, 2, 12, 8, torch.float32, "cpu")
+    eos = torch.tensor([1])
+    auto = GenerationHyperparameters(max_new_tokens=4)
+    assert static_decoder(model, cache, torch.float32, auto, eos, "cuda_graph", None) is None
+    asked = GenerationHyperparameters(max_new_tokens=4, decoding="cuda_graph")
+    with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+        static_decoder(model, cache, torch.float32, asked, eos, "cuda_graph", None)
+    assert static_decoder(model, cache, torch.float32, auto, eos, "static", None) is not None

@@ -18,12 +18,15 @@ from __future__ import annotations
 import torch
 
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
+from realrl.base import logging
 from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.attention import activation_dtype
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_attention_kernels
 from realrl.impl.model.nn.sampling import answer_keys, eos_tensor, next_tokens, random_keys
 from realrl.impl.model.nn.static_decode import DecodeTrace, StaticDecoder, cache_capacity
 from realrl.impl.model.nn.transformer_block import is_sharded, linear
+
+logger = logging.getLogger("generation")
 
 
 @torch.no_grad()
@@ -82,8 +85,9 @@ def _generate(
     n_seqs = n_prompts * n
     capacity = cache_capacity(max(prompt_lens), max_new)
     cache = KVCache(cfg.n_layers, n_seqs, model.local_kv_heads, capacity, cfg.head_dim, dtype, device)
-    vocab = model.head.weight.shape[0]
-    decoder = StaticDecoder(model, cache, vocab, dtype, g, eos, use_graphs=mode == "cuda_graph", trace=trace)
+    decoder = static_decoder(model, cache, dtype, g, eos, mode, trace)
+    if decoder is None:
+        return _eager_decode(model, input_ids, ctx, lens_t, keys, g, eos, dtype)
     # prefill into row i * n of prompt i, then the prompt's other answers get copies of it
     logits = _prefill(model, input_ids, ctx, lens_t, cache, row_stride=n)
     cache.fill_answers_(n)
@@ -105,6 +109,23 @@ def decoding_mode(model, g: GenerationHyperparameters, device: torch.device) -> 
     if mode != "eager" and split:
         raise ValueError(f"decoding={mode!r} does not run a model split by tensor parallelism; use 'eager'")
     return mode
+
+
+def static_decoder(
+    model, cache: KVCache, dtype: torch.dtype, g: GenerationHyperparameters, eos, mode: str, trace
+) -> StaticDecoder | None:
+    """The fixed-shape decoder, captured as CUDA graphs in mode "cuda_graph". None when the
+    capture failed and the user left ``decoding="auto"``: the reason is logged and the call decodes
+    eagerly, so a run does not stop on a device where some step cannot be captured; asked for
+    explicitly (``decoding="cuda_graph"``), the failure is raised."""
+    vocab = model.head.weight.shape[0]
+    try:
+        return StaticDecoder(model, cache, vocab, dtype, g, eos, use_graphs=mode == "cuda_graph", trace=trace)
+    except RuntimeError as e:
+        if mode != "cuda_graph" or g.decoding != "auto":
+            raise
+        logger.warning("capturing the decoding step as a CUDA graph failed (%s); decoding eagerly", e)
+        return None
 
 
 def _prefill(model, input_ids, ctx, lens: torch.Tensor, cache: KVCache, row_stride: int = 1) -> torch.Tensor:
