@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from realrl.impl.model.nn.static_decode import cache_bytes
+
 
 def measured_bandwidth(device: str, gib: float = 1.0, repeats: int = 5) -> float:
     """Bytes per second of a device-to-same-device copy (each byte read and written once)."""
@@ -38,7 +40,8 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    return 2 * n_layers * n_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    """One token's keys and values in every layer: a static cache of one row and one slot."""
+    return cache_bytes(1, 1, n_layers, n_kv_heads, head_dim, dtype)
 
 
 def decode_bytes(prompt_lens: list[int], gen_lens: list[int], weights: int, kv_per_token: int) -> int:

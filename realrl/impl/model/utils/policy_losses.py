@@ -87,7 +87,7 @@ def policy_loss_names() -> list[str]:
 
 
 def clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyLossConfig
+    ratio: Tensor, log_ratio: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped surrogate per token, shared by ``ppo`` (token ratios) and ``gspo``
     (sequence ratios):
@@ -95,7 +95,8 @@ def clipped_surrogate(
         L = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))
         dual clip, for A < 0 only:  L = min(L, -A * c)
 
-    Returns (per-token loss, 0 off the mask; ``clip_frac``, ``dual_clip_frac``).
+    Returns (per-token loss, 0 off the mask; ``clip_frac``, ``dual_clip_frac``, and the
+    masked means ``importance_ratio`` of ``ratio`` and ``approx_kl`` of the token ``log_ratio``).
     """
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * ratio.clamp(1.0 - cfg.eps_clip_low, 1.0 + cfg.eps_clip_high)
@@ -110,6 +111,8 @@ def clipped_surrogate(
     stats = {
         "clip_frac": masked_mean((pg_loss2 > pg_loss1).float().detach(), mask),
         "dual_clip_frac": dual_frac,
+        "importance_ratio": masked_mean(ratio.detach(), mask),
+        "approx_kl": masked_mean(-log_ratio.detach(), mask),
     }
     return loss, stats
 
@@ -131,10 +134,7 @@ def ppo_policy_loss(
     mask = loss_mask.bool()
     log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
-    loss, stats = clipped_surrogate(ratio, advantages, mask, cfg)
-    stats["importance_ratio"] = masked_mean(ratio.detach(), mask)
-    stats["approx_kl"] = masked_mean(-log_ratio.detach(), mask)
-    return loss, stats
+    return clipped_surrogate(ratio, log_ratio, advantages, mask, cfg)
 
 
 def gspo_policy_loss(
@@ -168,10 +168,7 @@ def gspo_policy_loss(
     grad_path = torch.where(mask, logprobs - logprobs.detach(), torch.zeros_like(logprobs))
     log_s = (seq_log_ratio[seq_ids] + grad_path).clamp(max=GSPO_LOG_RATIO_MAX)
     ratio = torch.exp(log_s)
-    loss, stats = clipped_surrogate(ratio, advantages, mask, cfg)
-    stats["importance_ratio"] = masked_mean(ratio.detach(), mask)
-    stats["approx_kl"] = masked_mean(-log_ratio.detach(), mask)
-    return loss, stats
+    return clipped_surrogate(ratio, log_ratio, advantages, mask, cfg)
 
 
 register_policy_loss("ppo", ppo_policy_loss)
