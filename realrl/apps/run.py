@@ -78,7 +78,7 @@ class RunMonitor:
 
 
 def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
-    """What a prerequisite phase inherits: where to write, the seed, how to launch."""
+    """What a prerequisite phase inherits: where to write, the seed, how to launch, the plugins."""
     out = [f"fileroot={cfg.fileroot}", f"seed={cfg.seed}", f"mode={cfg.mode}", f"device={cfg.device}"]
     if cfg.torch_threads:
         out.append(f"torch_threads={cfg.torch_threads}")
@@ -92,6 +92,8 @@ def _shared_overrides(cfg: CommonExperimentConfig) -> list[str]:
         out.append(f"allocation_mode={cfg.allocation_mode}")
     if cfg.task:
         out.append(f"task={cfg.task}")
+    if cfg.import_modules:  # the user's plugins serve every phase (their datasets, rewards, models)
+        out.append("import_modules=[" + ",".join(f'"{m}"' for m in cfg.import_modules) + "]")
     if cfg.prerequisite_overrides:
         out.append(f"prerequisite_overrides=[{','.join(cfg.prerequisite_overrides)}]")
     return out

@@ -69,7 +69,14 @@ def plan_transfers(
 
 
 class TensorStore:
-    """A worker's tensors of live samples: ``(id, key) -> tensor`` rows of that one sample."""
+    """A worker's tensors of live samples: ``(id, key) -> tensor`` rows of that one sample.
+
+    Where tensors live, the one rule: the store holds host tensors. What a call produces comes
+    back to host memory here (``put``), what other workers send lands in host memory
+    (``run_transfers``), and a call gets its inputs on its own model's device
+    (``ModelWorker._call``). So a batch never joins pieces from two devices, a call never sees
+    host and device tensors side by side, and device memory holds models and the running call only.
+    """
 
     def __init__(self) -> None:
         self.tensors: dict[Hashable, dict[str, torch.Tensor]] = {}
@@ -78,13 +85,14 @@ class TensorStore:
         return len(self.tensors)
 
     def put(self, sample: SequenceSample) -> None:
-        """Keep every key of every sample of ``sample`` (which must hold data)."""
+        """Keep every key of every sample of ``sample`` (which must hold data), in host memory."""
         if sample.data is None:
             raise ValueError("TensorStore.put needs a sample with data, got metadata only")
         for key in sample.keys:
             t = sample.data[key]
             if t is None:
                 continue
+            t = t.detach().to("cpu")
             off = sample.sample_offsets(key)
             for i, sid in enumerate(sample.ids):
                 self.tensors.setdefault(sid, {})[key] = t[off[i] : off[i + 1]]

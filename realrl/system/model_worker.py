@@ -341,10 +341,11 @@ class ModelWorker(WorkerBase):
 
     def _call(self, call: MFCCall) -> MFCReply:
         mfc = self.mfcs[call.mfc]
-        data = self.store.assemble(call.input_meta)
+        model = self.models[mfc.role] if call.copy is None else self.copies[call.copy]
+        # the store holds host tensors; the call sees its inputs on its model's device
+        data = self.store.assemble(call.input_meta).to(model.device)
         if mfc.input_key_remap:
             data.remap_keys_(mfc.input_key_remap)
-        model = self.models[mfc.role] if call.copy is None else self.copies[call.copy]
         interface = self.interfaces[mfc.name]
         # Every call draws from its own stream, so results do not depend on how calls of
         # different models interleave on this worker (same seed, same numbers, any launcher).

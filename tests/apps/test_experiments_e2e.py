@@ -39,8 +39,17 @@ def fileroot(tmp_path_factory):
     return str(tmp_path_factory.mktemp("runs"))
 
 
+# Every run here is also the device-discipline check (tests/device_discipline.py): its model
+# workers treat ``cpu:0`` as the device and fail where a GPU would, on a host tensor meeting a
+# device tensor; every experiment and layout of this file is covered.
+DISCIPLINE = (
+    "device=cpu:0",
+    f'import_modules=["{os.path.join(os.path.dirname(__file__), "..", "device_discipline.py")}"]',
+)
+
+
 def run(name, fileroot, *extra):
-    cfg = build_config(name, [f"fileroot={fileroot}", *SHORT, *extra])
+    cfg = build_config(name, [f"fileroot={fileroot}", *SHORT, *DISCIPLINE, *extra])
     summary = run_quickstart(name, cfg)
     return cfg, summary
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import ClassVar
 
 
@@ -38,6 +39,10 @@ class ExperimentSaveEvalControl:
 RUN_MODES = ("local", "ray")
 RECOVER_MODES = ("disabled", "auto", "resume")
 DEVICES = ("auto", "cpu", "cuda")
+# "cuda:<k>": every worker on GPU k; "cpu:<k>" is the CPU under torch's indexed spelling, which
+# torch moves to with a copy: the device-discipline tests run on it to tell a move to the compute
+# device from a move to host memory (docs/runtime.md)
+INDEXED_DEVICE = re.compile(r"(cpu|cuda):\d+")
 
 
 @dataclasses.dataclass
@@ -83,7 +88,8 @@ class CommonExperimentConfig:
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, RUN_MODES)
         check_choice("recover_mode", self.recover_mode, RECOVER_MODES)
-        check_choice("device", self.device, DEVICES)
+        if not INDEXED_DEVICE.fullmatch(self.device):
+            check_choice("device", self.device, (*DEVICES, "cuda:<k>"))
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1 or null, got {self.torch_threads}")
         if self.standby_workers is not None and self.standby_workers < 0:

@@ -91,8 +91,8 @@ def logprob_index(
     (the prompt of a policy-gradient or SFT loss, each sequence's last token)."""
 
     def index(mb: SequenceSample) -> torch.Tensor:
-        cu = cu_seqlens_on(mb, "cpu")
-        return predicting_tokens(cu)[mask_fn(mb).cpu().bool()]
+        mask = mask_fn(mb).bool()
+        return predicting_tokens(cu_seqlens_on(mb, mask.device))[mask]
 
     return index
 

@@ -73,7 +73,7 @@ class DPOInterface(ModelInterface):
         """``packed_ref_logprobs`` of every sequence (the reference model's ``ref_inf``)."""
         require_keys(data, (INPUT_KEY,), "dpo.inference")
         logp = model.module.forward(
-            data, mb_spec or MicroBatchSpec(), post_hook=lambda out, mb: packed_logprobs(out, mb).cpu()
+            data, mb_spec or MicroBatchSpec(), post_hook=lambda out, mb: packed_logprobs(out, mb)
         )
         return token_minus_one_sample(data, "packed_ref_logprobs", logp.float())
 

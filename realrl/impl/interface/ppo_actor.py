@@ -92,7 +92,7 @@ class PPOActorInterface(ModelInterface):
         return model.module.forward(
             data,
             mb_spec,
-            post_hook=lambda out, mb: packed_logprobs(out, mb, t, answer_loss_mask(mb)).cpu(),
+            post_hook=lambda out, mb: packed_logprobs(out, mb, t, answer_loss_mask(mb)),
             output_index_fn=_ANSWER_INDEX,
         ).float()
 

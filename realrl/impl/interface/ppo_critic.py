@@ -54,7 +54,7 @@ class PPOCriticInterface(ModelInterface):
         """``values``: the head's output after every token (normalised units with ``value_norm``)."""
         require_keys(data, (INPUT_KEY,), "ppo_critic.inference")
         values = model.module.forward(
-            data, mb_spec or MicroBatchSpec(), post_hook=lambda out, mb: scalar_output(out).cpu()
+            data, mb_spec or MicroBatchSpec(), post_hook=lambda out, mb: scalar_output(out)
         )
         return token_sample(data, "values", values.float())
 

@@ -144,12 +144,13 @@ def shape_scores(
 def rollout_kl(data: SequenceSample) -> tuple[float, int]:
     """Mean over sequences of the summed k1 KL(pi_old || pi_ref) on response tokens, and the
     number of sequences: what the adaptive KL controller is updated with."""
-    cu = data.cu_seqlens(INPUT_KEY)
-    mask = F.response_loss_mask(data.data["prompt_mask"].cpu(), cu)
-    kl = (data.data["packed_logprobs"].cpu() - data.data["packed_ref_logprobs"].cpu()) * mask
-    lens = [n - 1 for n in data.flat_seqlens(INPUT_KEY)]
-    seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
-    per_seq = torch.zeros(len(lens)).index_add_(0, seg, kl.float())
+    logp = data.data["packed_logprobs"]
+    cu = data.cu_seqlens(INPUT_KEY).to(logp.device)
+    mask = F.response_loss_mask(data.data["prompt_mask"], cu)
+    kl = (logp - data.data["packed_ref_logprobs"]) * mask
+    lens = torch.tensor([n - 1 for n in data.flat_seqlens(INPUT_KEY)], device=logp.device)
+    seg = torch.repeat_interleave(torch.arange(len(lens), device=logp.device), lens)
+    per_seq = torch.zeros(len(lens), device=logp.device).index_add_(0, seg, kl.float())
     return float(per_seq.mean()), len(lens)
 
 
@@ -159,9 +160,10 @@ def overlong_penalties(
     """DAPO's overlong reward shaping ("DAPO: An Open-Source LLM Reinforcement Learning System at
     Scale", soft overlong punishment), per sequence: 0 up to ``max_new_tokens - buffer`` response
     tokens, then growing linearly to ``penalty`` at ``max_new_tokens``."""
-    short = F.short_cu_seqlens(cu_seqlens).long()
-    seq = torch.repeat_interleave(torch.arange(short.shape[0] - 1), (short[1:] - short[:-1]).cpu())
-    lengths = torch.zeros(short.shape[0] - 1).index_add_(0, seq, loss_mask.float().cpu())
+    short = F.short_cu_seqlens(cu_seqlens.to(loss_mask.device)).long()
+    n = short.shape[0] - 1
+    seq = torch.repeat_interleave(torch.arange(n, device=short.device), short[1:] - short[:-1])
+    lengths = torch.zeros(n, device=short.device).index_add_(0, seq, loss_mask.float())
     over = (lengths - (max_new_tokens - buffer)) / max(buffer, 1)
     return over.clamp(0.0, 1.0) * penalty
 

@@ -92,7 +92,7 @@ class PairedRewardInterface(ModelInterface):
         return model.module.forward(
             data,
             mb_spec or MicroBatchSpec(),
-            post_hook=lambda out, mb: self._rewards(out).cpu(),
+            post_hook=lambda out, mb: self._rewards(out),
             output_index_fn=self._reward_index_fn(eos),
         )
 

@@ -1,0 +1,164 @@
+"""A device-discipline check for CPU machines: host and "device" tensors must never meet.
+
+On a GPU a tensor on ``cuda`` combined with a multi-element tensor in host memory raises; on the
+CPU both live in host memory and nothing complains, so a run that mixes them passes every CPU
+test and crashes at its first step on a GPU. This check brings the GPU's rule to the CPU:
+
+- the run's device is spelled ``cpu:0`` (torch moves to ``torch.device("cpu", 0)`` with a copy,
+  so a move to the compute device can be told from a move to the host, ``cpu`` / ``.cpu()``);
+- a ``TorchFunctionMode`` tags every tensor: *device* (moved or created on ``cpu:0``, computed
+  from a device tensor, or a module's parameter), *host* (created without a device, moved to
+  ``cpu``, computed from host tensors only) or unknown (made outside torch functions, such as
+  gradients, which are never checked);
+- a device tensor's ``.device`` is ``cpu:0``, so code that creates tensors "where this one
+  lives" creates device tensors, as it would on a GPU;
+- an operation that combines a device tensor with a host tensor of more than one element raises
+  ``DeviceMixError`` naming the operation and both shapes, exactly where CUDA would refuse; the
+  exceptions CUDA allows are kept (a device tensor indexed by a host index, ``copy_`` across
+  devices, 0-d host tensors as scalars), and reading a device tensor into numpy raises like CUDA.
+
+Model workers import this file as a plugin (``import_modules=[<this file>]``): the mode switches
+on in worker processes only (``python -m realrl.apps.remote``), never in the process that runs
+the master or the tests.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+STAND_IN = torch.device("cpu", 0)  # the "GPU" of a checked run
+HOST, DEVICE = "host", "device"
+
+
+class DeviceMixError(RuntimeError):
+    """A device tensor met a host tensor in one operation (CUDA would refuse it)."""
+
+
+def _name(func) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+
+
+def _device_tag(device) -> str | None:
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != "cpu":
+        return DEVICE
+    return DEVICE if device.index is not None else HOST
+
+
+_DEVICE_OF = torch.Tensor.device.__get__
+_MOVES = {torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda}
+_CROSS_DEVICE_OK = {torch.Tensor.copy_}  # cuda.copy_(cpu) and cpu.copy_(cuda) are fine
+# cuda[cpu_index] and cuda[cpu_index] = cuda_value are fine (the index is copied over)
+_INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
+
+
+class DeviceDiscipline(TorchFunctionMode):
+    """The mode itself; ``active()`` is the one instance a worker enters at import."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: dict[int, tuple[weakref.ref, str]] = {}
+
+    # -- tags ----------------------------------------------------------------------------------
+
+    def tag_of(self, t: torch.Tensor) -> str | None:
+        entry = self.tags.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        if isinstance(t, torch.nn.Parameter):
+            return DEVICE  # a model's weights live on its device (an offloaded model visits it)
+        return None
+
+    def tag(self, t: torch.Tensor, tag: str | None) -> None:
+        if tag is None:
+            return
+        key = id(t)
+        self.tags[key] = (weakref.ref(t, lambda _, key=key: self.tags.pop(key, None)), tag)
+
+    # -- the rule ------------------------------------------------------------------------------
+
+    def check(self, func, args, tensors: list[torch.Tensor]) -> None:
+        device = [t for t in tensors if self.tag_of(t) == DEVICE]
+        host = [t for t in tensors if self.tag_of(t) == HOST and t.dim() > 0]
+        if not device or func in _CROSS_DEVICE_OK:
+            return
+        if func is torch.Tensor.numpy:
+            raise DeviceMixError("numpy() of a device tensor (CUDA needs .cpu() first)")
+        if not host:
+            return
+        if func in _INDEXING and self.tag_of(tensors[0]) == DEVICE:
+            value = args[2] if func is torch.Tensor.__setitem__ else None
+            if not (isinstance(value, torch.Tensor) and self._host_value(value)):
+                return
+        raise DeviceMixError(
+            f"{_name(func)} combines device tensor(s) {[tuple(t.shape) for t in device][:3]} with "
+            f"host tensor(s) {[tuple(t.shape) for t in host][:3]}: on a GPU this raises"
+        )
+
+    def _host_value(self, t: torch.Tensor) -> bool:
+        return self.tag_of(t) == HOST and t.dim() > 0
+
+    def out_tag(self, func, args, kwargs, tensors: list[torch.Tensor]) -> str | None:
+        if func is torch.Tensor.cpu:
+            return HOST
+        if func is torch.Tensor.cuda:
+            return DEVICE
+        if func is torch.Tensor.to:
+            device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
+            return _device_tag(device) or self.tag_of(args[0])
+        if func in _CROSS_DEVICE_OK:
+            return self.tag_of(args[0])
+        if "device" in kwargs:
+            return _device_tag(kwargs["device"])
+        tags = {self.tag_of(t) for t in tensors}
+        if DEVICE in tags:
+            return DEVICE
+        if HOST in tags or not tensors:
+            return HOST  # computed from host tensors, or made from Python values
+        return None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = _tensors(args, kwargs)
+        self.check(func, args, tensors)
+        if func == _DEVICE_OF:  # a device tensor says where it lives, as a CUDA one would
+            return STAND_IN if self.tag_of(args[0]) == DEVICE else func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        tag = self.out_tag(func, args, kwargs, tensors)
+        if func in _MOVES and out is args[0] and tag != self.tag_of(out):
+            out = out.view_as(out)  # a no-op move that changes the tag: an alias carries the new tag
+        if isinstance(out, torch.Tensor):
+            self.tag(out, tag)
+        elif isinstance(out, (tuple, list)):
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self.tag(t, tag)
+        return out
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    """The tensors among the arguments, one level into lists and tuples (``torch.cat``'s)."""
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (tuple, list)):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+    return out
+
+
+def in_model_worker() -> bool:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return spec is not None and spec.name == "realrl.apps.remote"
+
+
+if in_model_worker():
+    # on for the rest of the worker's life: every call of every model runs under the rule
+    DeviceDiscipline().__enter__()
