@@ -54,6 +54,20 @@ def test_ray_actors_ask_for_one_gpu_or_a_share():
         ray_gpus_per_worker("cuda", 1, 0, False)
 
 
+@pytest.mark.parametrize("n_gpus", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("n_workers", [2, 3, 5, 7, 9, 17])
+def test_colocated_ray_shares_can_all_be_placed(n_workers, n_gpus):
+    """Ray places a fractional actor on one GPU: every worker must find room with shares packed
+    GPU by GPU (3 workers on 2 GPUs at 2/3 each would leave one unplaced)."""
+    if n_workers <= n_gpus:
+        return
+    share = ray_gpus_per_worker("cuda", n_workers, float(n_gpus), True)
+    units = round(share * 10_000)  # Ray's fixed-point resource units
+    assert units / 10_000 == share
+    assert (10_000 // units) * n_gpus >= n_workers  # first-fit packing places every actor
+    assert share > 1 / -(-n_workers // n_gpus) - 1e-4  # and the largest such share: 1/k, rounded down
+
+
 def test_worker_configs_carry_each_workers_device_and_backend(tmp_path):
     from system_graphs import mock_config
 

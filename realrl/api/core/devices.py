@@ -13,8 +13,11 @@ NCCL does not allow.
 
 from __future__ import annotations
 
+import math
+
 GLOO = "gloo"
 GLOO_AND_NCCL = "cpu:gloo,cuda:nccl"
+RAY_RESOURCE_UNITS = 10_000  # Ray keeps resource amounts as multiples of 1e-4
 
 
 class DeviceAssignmentError(ValueError):
@@ -51,7 +54,12 @@ def local_devices(device: str, n_workers: int, n_gpus: int, colocate: bool) -> l
 
 
 def ray_gpus_per_worker(device: str, n_workers: int, cluster_gpus: float, colocate: bool) -> float:
-    """What each Ray actor asks for: one GPU, or an equal share of the cluster's when colocated."""
+    """What each Ray actor asks for: one GPU, or, colocated, a share Ray can place.
+
+    Ray puts an actor that asks for a fraction of a GPU on one GPU, so the share must divide a
+    GPU: ``1 / k`` with ``k = ceil(workers / GPUs)`` actors per GPU (3 workers on 2 GPUs ask for
+    0.5 each, two on one GPU and one on the other; 2/3 each would leave the third unplaced).
+    Rounded down to Ray's resource precision (1e-4) so that k shares never exceed one GPU."""
     if not is_cuda(device):
         return 0.0
     if cluster_gpus <= 0:
@@ -63,7 +71,8 @@ def ray_gpus_per_worker(device: str, n_workers: int, cluster_gpus: float, coloca
             f"device=cuda: the layouts use {n_workers} model workers but the Ray cluster has {cluster_gpus:g} "
             "GPU(s); use fewer workers or a larger cluster, or set colocate=true to share GPUs"
         )
-    return cluster_gpus / n_workers
+    per_gpu = math.ceil(n_workers / math.floor(cluster_gpus))
+    return math.floor(RAY_RESOURCE_UNITS / per_gpu) / RAY_RESOURCE_UNITS
 
 
 def dist_backend(devices: list[str]) -> str:
