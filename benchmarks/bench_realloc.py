@@ -3,11 +3,11 @@
 ReaL ("ReaL: Efficient RLHF Training of Large Language Models with Parameter Reallocation", MLSys
 2025) moves a model's weights worker to worker when a call runs in another layout than training:
 each destination shard receives only the slices it lacks, each from one source worker, all
-messages in flight at once (``realloc.reallocate``). The baseline it is measured against
-(``baseline.gather_broadcast``) gathers every parameter whole on the source's first worker and
-sends the whole model to every destination worker, which keeps its slice: what a system that only
-moves whole models does. Both run through the same transport (``realloc.move``), so the
-comparison measures the plans.
+messages in flight at once, over a group of the move's own workers (``realloc.reallocate``). The
+baseline it is measured against (``baseline.gather_broadcast``) gathers every parameter whole on
+the source's first worker and sends the whole model to every destination worker, which keeps its
+slice: what a system that only moves whole models does. Both run through the same transport
+(``realloc.move``), so the comparison measures the plans.
 
 For each ordered pair (A, B) of the layouts d1m1, d2m1, d1m2, d2m2 on workers 0.. (A != B), and
 two pairs on disjoint workers (d1m2@0,1 -> d2m1@2,3 and d2m1@0,1 -> d1m2@2,3): the llama model
@@ -71,6 +71,11 @@ def placement(name: str) -> Placement:
     layout = Layout.parse(text)
     workers = tuple(int(w) for w in at.split(",")) if at else tuple(range(layout.world_size))
     return Placement(layout, workers)
+
+
+def move_workers(a: str, b: str) -> tuple[int, ...]:
+    """The workers of a move from ``a`` to ``b``: the members of the group its messages use."""
+    return tuple(sorted({*placement(a).workers, *placement(b).workers}))
 
 
 def label(a: str, b: str) -> str:
@@ -139,6 +144,7 @@ def run_pair(
     contexts: dict[str, ParallelContext],
     params: dict[str, ParamSpec],
     ref: dict[str, torch.Tensor],
+    groups: dict[tuple[int, ...], torch.distributed.ProcessGroup],
     args: argparse.Namespace,
 ) -> dict | None:
     """Warm-up + check, then ``args.repeats`` interleaved timed runs of both sides of one pair."""
@@ -166,7 +172,7 @@ def run_pair(
     def run_plan():
         if not involved:
             return None
-        return reallocate(plan, rank, src, copy_plan, args.timeout, first_tag=tag)
+        return reallocate(plan, rank, src, copy_plan, args.timeout, tag, group=groups[move_workers(a, b)])
 
     def run_base():
         return gather_broadcast(params, side_a, side_b, rank, src, copy_base, args.timeout, tag + 50)
@@ -224,7 +230,13 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
         params = model_param_specs(cfg, torch.float32)
         torch.manual_seed(0)
         ref = {n: p.detach() for n, p in ReaLModel(cfg).named_parameters()}  # what A's model holds
-        rows = [run_pair(rank, i, a, b, cfg, contexts, params, ref, args) for i, (a, b) in enumerate(PAIRS)]
+        # every rank creates every move's group, in one order (creating a group is collective)
+        sets = sorted({move_workers(a, b) for a, b in PAIRS})
+        groups = {ws: dist.new_group(list(ws), timeout=GROUP_TIMEOUT) for ws in sets}
+        rows = [
+            run_pair(rank, i, a, b, cfg, contexts, params, ref, groups, args)
+            for i, (a, b) in enumerate(PAIRS)
+        ]
         if rank == 0:
             torch.save(rows, os.path.join(out, "rows.pt"))
     finally:

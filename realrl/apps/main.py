@@ -93,6 +93,7 @@ def run_experiment(
         host = ray.util.get_node_ip_address()
     try:
         placed, backend, gpus_per_worker = _devices(config, mode)
+        devices.check_shared_gpus(placed, backend, _sharded_layouts(config))
     except ValueError as e:  # more workers than GPUs without colocate=true, and such
         raise UserError(str(e)) from e
     if mode != "local":
@@ -172,6 +173,19 @@ def _role_layouts(config: ExperimentConfig) -> dict[str, list]:
         role: [config.placement(role).layout, *(p.layout for p in config.copy_placements(role))]
         for role in config.allocations
     }
+
+
+def _sharded_layouts(config: ExperimentConfig) -> list[str]:
+    """Every layout in which a role's weights are sharded: tensor parallel, or FSDP at its home
+    (a copy in another call's layout is never FSDP)."""
+    out = []
+    for role, layouts in sorted(_role_layouts(config).items()):
+        engine = config.models[role].backend.args.get("engine") or {}
+        fsdp = engine.get("fsdp", False) if isinstance(engine, dict) else getattr(engine, "fsdp", False)
+        for i, lay in enumerate(layouts):
+            if lay.tp > 1 or (i == 0 and fsdp and lay.dp > 1):
+                out.append(f"{role} in {lay}")
+    return out
 
 
 def _split_models(config: ExperimentConfig) -> dict:

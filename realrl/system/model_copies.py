@@ -41,7 +41,7 @@ class ModelCopies:
         timeout: datetime.timedelta,
     ):
         self.me, self.device, self.parallel, self.timeout = me, device, parallel, timeout
-        self.groups = groups  # the workers of each reallocation this worker takes part in
+        self.groups = groups  # per reallocation this worker takes part in: its workers, its messages
         self.specs = {s.role: s.spec for s in specs}
         self.live: dict[str, model_api.Model] = {}
         self.plans: dict[str, ReallocPlan] = {}
@@ -66,10 +66,13 @@ class ModelCopies:
             dst = self.live[name].module.module
         src = None if home is None else home.module.module
         plan = self._plan(order, name, self.specs[order.role])
+        group = self.groups[tuple(order.workers)]  # the order's workers only: the others are busy
         tik = time.monotonic()
-        dist.barrier(group=self.groups[tuple(order.workers)])
+        dist.barrier(group=group)
         waited = time.monotonic() - tik
-        stats = reallocate(plan, self.me, src, dst, self.timeout.total_seconds(), order.first_tag)
+        stats = reallocate(
+            plan, self.me, src, dst, self.timeout.total_seconds(), order.first_tag, group=group
+        )
         return {
             "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received,

@@ -139,7 +139,8 @@ class ModelWorker(WorkerBase):
             init_method=f"tcp://{address}",
             rank=cfg.worker_index,
             world_size=cfg.n_model_workers,
-            timeout=datetime.timedelta(seconds=self.timeouts.transfer),
+            timeout=datetime.timedelta(seconds=self.timeouts.peer),
+            device_id=nccl_device(cfg.device, cfg.dist_backend),
         )
 
     def setup(self, req: SetupRequest) -> SetupReply:
@@ -154,7 +155,7 @@ class ModelWorker(WorkerBase):
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL and the engines use this worker's own GPU
         self._init_process_group()
-        timeout = datetime.timedelta(seconds=self.timeouts.transfer)
+        timeout = datetime.timedelta(seconds=self.timeouts.peer)
         self.parallel = build_contexts(req.placements, cfg.worker_index, device.type, timeout)
         # like meshes, groups are created by every worker in one order, kept by their members
         groups = {ws: dist.new_group(list(ws), timeout=timeout) for ws in req.realloc_groups}
@@ -217,15 +218,16 @@ class ModelWorker(WorkerBase):
             if shard.spec.model.type_ == "real_model" and path:  # a damaged HF folder: a named error
                 integrity.verify_hf_checkpoint(path, f"model {shard.role!r}")
             # every rank starts from the same whole weights; a parallel backend keeps its part.
-            # A model over several ranks is built in host memory (a checkpoint under tensor
-            # parallelism is loaded split instead: the factory takes ``parallel``); splitting it
-            # moves it to the device a parameter (DTensor) or a block (FSDP2) at a time, so a
-            # device never holds the whole model; the engine then moves what stayed whole.
+            # Every model is built (and a random one initialised) in host memory, whatever its
+            # layout: the CPU's random stream, not a GPU's, so one worker and a mesh of them
+            # start from the same weights. A checkpoint under tensor parallelism is loaded split
+            # (the factory takes ``parallel``); splitting moves a model to the device a parameter
+            # (DTensor) or a block (FSDP2) at a time, so a device never holds the whole model;
+            # the engine then moves what stayed whole.
             seeding.set_random_seed(cfg.seed)
             parallel = self.parallel[shard.role]
-            build_on = "cpu" if parallel.mesh is not None else cfg.device
             model = model_api.make_model(
-                shard.spec.model, shard.model_name, build_on, parallel if parallel.mesh else None
+                shard.spec.model, shard.model_name, "cpu", parallel if parallel.mesh else None
             )
             model.device = cfg.device
             if model.tokenizer is None:
@@ -319,7 +321,7 @@ class ModelWorker(WorkerBase):
         realloc = None if req.realloc is None else self._reallocate(req)
         if req.pieces:
             self.failpoints.hit("transfer", None if req.call is None else req.call.step)
-        run_transfers(self.store, req.pieces, self.config.worker_index, self.timeouts.transfer)
+        run_transfers(self.store, req.pieces, self.config.worker_index, self.timeouts.peer)
         call = req.call
         if call is None:
             return MFCReply(realloc=realloc)
@@ -409,6 +411,16 @@ _FAILPOINT = {
     ModelInterfaceType.INFERENCE: "inference",
     ModelInterfaceType.TRAIN_STEP: "train",
 }
+
+
+def nccl_device(device: str, backend: str) -> torch.device | None:
+    """The GPU to bind NCCL to at start-up, when the default group has NCCL: its communicator is
+    then made eagerly, by every worker at once, instead of lazily at the first CUDA collective
+    or message of some subset of the workers. None: no NCCL (CPU, or GPUs shared over gloo)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or "nccl" not in backend:
+        return None
+    return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def _float_stats(stats, mfc_name: str) -> dict[str, float]:

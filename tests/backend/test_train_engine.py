@@ -214,10 +214,10 @@ def test_micro_batch_without_loss_tokens_is_skipped():
 def test_fp16_uses_a_loss_scaler_and_skips_overflowing_steps():
     batch = make_batch(LENGTHS)
     engine = make_engine(engine_cfg=EngineConfig(dtype="fp16"), lr=1e-2)
-    assert engine.grad_scaler is not None
-    scale = engine.grad_scaler.get_scale()
+    assert engine.loss_scaler is not None
+    scale = engine.loss_scaler.get_scale()
     stats = engine.train_batch(batch, None, lambda out, mb: token_loss(out.float(), mb), n_loss_tokens)
-    assert stats["update_skipped"] == 0.0 and engine.grad_scaler.get_scale() == scale
+    assert stats["update_skipped"] == 0.0 and engine.loss_scaler.get_scale() == scale
     assert all(p.dtype == torch.float32 for p in engine.module.parameters())
     before = [p.detach().clone() for p in engine.module.parameters()]
 
@@ -225,7 +225,7 @@ def test_fp16_uses_a_loss_scaler_and_skips_overflowing_steps():
         return out.float().sum() * float("inf"), {}
 
     stats = engine.train_batch(batch, None, inf_loss, n_loss_tokens)
-    assert stats["update_skipped"] == 1.0 and engine.grad_scaler.get_scale() < scale
+    assert stats["update_skipped"] == 1.0 and engine.loss_scaler.get_scale() < scale
     assert all(torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
 
 

@@ -61,6 +61,15 @@ TIMEOUT_S = 30.0
 DEAD_PEER_TIMEOUT_S = 3.0
 
 
+def _workers(*names: str) -> tuple[int, ...]:
+    """The workers of a move between placements ``names``: the members of its group."""
+    return tuple(sorted({w for n in names for w in PLACEMENTS[n].workers}))
+
+
+# every move's group: (d1m2, d1m1) is the dead peer's move, (d2m1, d1m1) the refused one's
+GROUPS = sorted({*(_workers(a, b) for a, b, _ in CASES), _workers("d1m2", "d1m1"), _workers("d2m1", "d1m1")})
+
+
 def case_name(a: str, b: str, how: str) -> str:
     return f"{a}->{b}" + ("" if how == "plain" else f"[{how}]")
 
@@ -84,21 +93,27 @@ def _stepped(module: ReaLModel) -> None:
 
 @dataclasses.dataclass
 class World:
-    """What every case of a rank shares: its meshes, and the plan's view of each layout."""
+    """What every case of a rank shares: its meshes, the plan's view of each layout, and the
+    group of every move's workers (created by every rank in one order, as model workers do)."""
 
     rank: int
     contexts: dict
     params: dict
     sides: dict  # (placement name, fsdp) -> Side
+    groups: dict  # workers -> their group
 
     @classmethod
     def build(cls, rank: int) -> World:
         sides = {(n, f): side_for(CFG, p, fsdp=f) for n, p in PLACEMENTS.items() for f in (False, True)}
         contexts = build_contexts(PLACEMENTS, rank, "cpu", TIMEOUT)
-        return cls(rank, contexts, model_param_specs(CFG, torch.float32), sides)
+        groups = {ws: dist.new_group(list(ws), timeout=TIMEOUT) for ws in GROUPS}
+        return cls(rank, contexts, model_param_specs(CFG, torch.float32), sides, groups)
 
     def plan(self, a: str, b: str, fsdp_a: bool = False) -> ReallocPlan:
         return plan_realloc(self.params, self.sides[a, fsdp_a], self.sides[b, False])
+
+    def group(self, a: str, b: str) -> dist.ProcessGroup:
+        return self.groups[_workers(a, b)]
 
     def copy(self, layout: str) -> ReaLModel | None:
         if self.rank not in PLACEMENTS[layout].workers:
@@ -155,18 +170,19 @@ def run_case(world: World, index: int, a: str, b: str, how: str) -> dict:
     rank = world.rank
     src, ref = _source(world, a, how)
     there, back = world.plan(a, b, fsdp_a=how != "plain"), world.plan(b, a)
+    tag = index * TAGS_PER_CASE
     errors: list[str] = []
     out = {"errors": errors, "bytes": (0, 0)}
     copy_b = world.copy(b)
     if rank in (*there.src_workers, *there.dst_workers):
-        stats = reallocate(there, rank, src, copy_b, TIMEOUT_S, first_tag=index * TAGS_PER_CASE)
+        stats = reallocate(there, rank, src, copy_b, TIMEOUT_S, tag, group=world.group(a, b))
         _check_bytes(rank, there, stats, "A->B", errors)
         out["bytes"] = (stats.bytes_received, stats.bytes_sent)
     if copy_b is not None:
         _check_layout(rank, copy_b, there, ref, "copy B", errors, whole=True)
     copy_a = world.copy(a)
     if rank in (*back.src_workers, *back.dst_workers):
-        stats = reallocate(back, rank, copy_b, copy_a, TIMEOUT_S, first_tag=index * TAGS_PER_CASE + 50)
+        stats = reallocate(back, rank, copy_b, copy_a, TIMEOUT_S, tag + 50, group=world.group(b, a))
         _check_bytes(rank, back, stats, "B->A", errors)
     if copy_a is not None:
         _check_layout(rank, copy_a, back, ref, "copy A", errors, whole=False)
@@ -199,7 +215,8 @@ def run_bad_layout(world: World) -> str | None:
         return None
     copy = world.copy("d1m1")
     try:
-        reallocate(world.plan("d2m1", "d1m1"), world.rank, src, copy, TIMEOUT_S, first_tag=10**6)
+        plan, group = world.plan("d2m1", "d1m1"), world.group("d2m1", "d1m1")
+        reallocate(plan, world.rank, src, copy, TIMEOUT_S, first_tag=10**6, group=group)
     except ValueError as e:
         return str(e)
     return None
@@ -217,7 +234,8 @@ def run_dead_peer(world: World, tag: int) -> dict | None:
         return None
     start = time.monotonic()
     try:
-        reallocate(world.plan("d1m2", "d1m1"), 0, src, copy, DEAD_PEER_TIMEOUT_S, first_tag=tag)
+        plan, group = world.plan("d1m2", "d1m1"), world.group("d1m2", "d1m1")
+        reallocate(plan, 0, src, copy, DEAD_PEER_TIMEOUT_S, first_tag=tag, group=group)
         error = None
     except RuntimeError as e:
         error = str(e)

@@ -96,7 +96,7 @@ def _compare(case: dict, parallel, result: dict) -> None:
 
 def _compare_loaded_split(case: dict, parallel, result: dict) -> None:
     """Loading a checkpoint split (each rank reads its slices) gives the shards of splitting the
-    whole model, bit for bit, and reads about 1/tp of the file."""
+    whole model, bit for bit, the same gradients, and reads about 1/tp of the file."""
     split = _build(case)
     parallelize(split, parallel)
     torch.manual_seed(0)
@@ -108,8 +108,15 @@ def _compare_loaded_split(case: dict, parallel, result: dict) -> None:
         torch.equal(local(p), local(theirs[n])) for n, p in split.named_parameters()
     ) and len(theirs) == len(dict(split.named_parameters()))
     ids, cu = packed(LENGTHS)
-    with torch.no_grad():
-        result["forward"] = float((_whole(split(ids, cu)) - _whole(loaded(ids, cu))).abs().max())
+    out_s, out_l = split(ids, cu), loaded(ids, cu)
+    result["forward"] = float((_whole(out_s) - _whole(out_l)).detach().abs().max())
+    # and it trains the same: loading allocates new parameters, which no gradient sum may miss
+    critic = split.config.is_critic
+    _loss(out_s, ids, critic).backward()
+    _loss(out_l, ids, critic).backward()
+    result["grad"] = max(
+        float((_whole(p.grad) - _whole(theirs[n].grad)).abs().max()) for n, p in split.named_parameters()
+    )
     files = [f for f in os.listdir(case["path"]) if f.endswith(".safetensors")]
     result["read_fraction"] = loaded.checkpoint_bytes_read / sum(
         os.path.getsize(os.path.join(case["path"], f)) for f in files
@@ -154,7 +161,7 @@ def test_tensor_parallel_matches_the_whole_model(results, name):
 def test_a_checkpoint_loads_split_reading_only_each_ranks_slices(results, name):
     for rank_results in results:
         r = rank_results[name + "/loaded-split"]
-        assert r["same_shards"] and r["forward"] == 0.0, r
+        assert r["same_shards"] and r["forward"] == 0.0 and r["grad"] == 0.0, r
         # llama-like families are renamed tensors: each rank reads its half of the split ones
         # (the vocabulary of these fixtures does not split: embedding and head are read whole);
         # gpt2's fused, transposed projections are converted whole

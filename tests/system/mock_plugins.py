@@ -62,7 +62,9 @@ class Scalar(torch.nn.Module):
 
 
 def make_scalar_model(name, device, **_):
-    return model_api.Model(name, Scalar(), tokenizer=None, device=device)
+    module = Scalar()
+    module.built_on = str(device)  # where the worker asked for it to be built (and initialised)
+    return model_api.Model(name, module, tokenizer=None, device=device)
 
 
 class ScalarBackend:
@@ -139,6 +141,7 @@ class Train(model_api.ModelInterface):
             "w": float(model.module.w.detach()),
             "calls": self.calls,
             "n_seqs": float(t[1]),
+            "built_on_host": float(model.module.built_on == "cpu"),
         }
 
     def evaluate(self, model, eval_dataloader) -> dict[str, float]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from realrl.api.core.devices import (
     GLOO,
@@ -107,3 +110,74 @@ def test_two_workers_sharing_one_gpu_train_data_parallel(tmp_path):
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["trainDefault/loss"] > 0 for r in records)
+
+
+def test_sharded_layouts_are_refused_on_shared_gpus():
+    """NCCL refuses two ranks on one GPU and gloo cannot gather CUDA tensors: tensor parallelism
+    and FSDP on shared GPUs are named before any worker starts; data parallelism is fine."""
+    from realrl.api.core.devices import check_shared_gpus
+
+    shared = local_devices("cuda", n_workers=2, n_gpus=1, colocate=True)
+    with pytest.raises(DeviceAssignmentError, match=r"actor in d1m2p1: tensor parallelism and FSDP"):
+        check_shared_gpus(shared, dist_backend(shared), ["actor in d1m2p1"])
+    check_shared_gpus(shared, dist_backend(shared), [])  # d2 replicas share the GPU
+    own = local_devices("cuda", n_workers=2, n_gpus=2, colocate=False)
+    check_shared_gpus(own, dist_backend(own), ["actor in d1m2p1"])
+    check_shared_gpus(["cpu", "cpu"], GLOO, ["actor in d1m2p1"])
+
+
+def test_the_runner_names_every_sharded_layout():
+    from system_graphs import mock_config
+
+    from realrl.api.core.config import ModelBackendAbstraction
+    from realrl.api.core.layout import Layout
+    from realrl.apps.main import _sharded_layouts
+
+    pair = {"actor": [0, 1], "critic": [0, 1], "reward": [0]}
+    cfg = mock_config("/tmp", "t", layouts={"actor": Layout(dp=1, tp=2)}, allocations=pair)
+    assert _sharded_layouts(cfg) == ["actor in d1m2p1"]
+    cfg = mock_config("/tmp", "t", allocations=pair)
+    assert _sharded_layouts(cfg) == []  # d2 replicas
+    fsdp = dataclasses.replace(
+        cfg.models["actor"], backend=ModelBackendAbstraction("train", {"engine": {"fsdp": True}})
+    )
+    cfg = dataclasses.replace(cfg, models={**cfg.models, "actor": fsdp})
+    assert _sharded_layouts(cfg) == ["actor in d2m1p1"]
+
+
+def test_control_reductions_go_through_host_memory_even_beside_nccl():
+    """Python numbers are reduced over gloo (a CPU tensor) whatever the group's GPU backend."""
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    from realrl.impl.model.backend import dp
+
+    seen = []
+    with (
+        mock.patch.object(dist, "is_initialized", return_value=True),
+        mock.patch.object(dist, "get_world_size", return_value=2),
+        mock.patch.object(dist, "get_backend", return_value=GLOO_AND_NCCL),
+        mock.patch.object(dist, "all_reduce", side_effect=lambda t, **_: seen.append(t.device.type)),
+    ):
+        dp.all_reduce_sum(3.0, group=object())
+        dp.all_reduce_max(3, group=object())
+    assert seen == ["cpu", "cpu"]
+
+
+def test_nccl_is_bound_to_the_worker_s_gpu_at_start_up_only_with_nccl():
+    from realrl.system.model_worker import nccl_device
+
+    assert nccl_device("cuda:3", GLOO_AND_NCCL) == torch.device("cuda", 3)
+    assert nccl_device("cuda:0", GLOO) is None  # GPUs shared over gloo
+    assert nccl_device("cpu", GLOO) is None and nccl_device("cpu:0", GLOO) is None
+
+
+def test_a_role_without_weights_in_a_tensor_parallel_layout_is_named_before_any_phase_runs(tmp_path):
+    from realrl.apps.configs import build_config
+    from realrl.apps.errors import UserError
+    from realrl.apps.run import plan_phases
+
+    cfg = build_config("grpo", [f"fileroot={tmp_path}", "allocation_mode=d1m2p1"])
+    with pytest.raises(UserError, match=r"model 'reward' has no weights to split, but its layout is d1m2p1"):
+        plan_phases("grpo", cfg)

@@ -75,6 +75,23 @@ def ray_gpus_per_worker(device: str, n_workers: int, cluster_gpus: float, coloca
     return math.floor(RAY_RESOURCE_UNITS / per_gpu) / RAY_RESOURCE_UNITS
 
 
+def check_shared_gpus(devices: list[str], backend: str, sharded: list[str]) -> None:
+    """Refuse layouts that shard a model (tensor parallelism, FSDP) on workers that share GPUs.
+
+    Sharded layers gather and scatter CUDA tensors in every forward and backward. NCCL does that
+    but refuses two ranks on one GPU; gloo, the backend of workers that share GPUs, all-reduces
+    and broadcasts CUDA tensors but does not gather or scatter them. Data parallelism (gradients
+    all-reduced through host memory) and reallocation (messages through host memory) still work
+    on shared GPUs. ``sharded`` names each such layout ("actor in d1m2p1")."""
+    shared = any(is_cuda(d) for d in devices) and backend == GLOO
+    if shared and sharded:
+        raise DeviceAssignmentError(
+            f"{', '.join(sharded)}: tensor parallelism and FSDP need a GPU per worker (NCCL), but these "
+            f"workers share GPUs ({', '.join(sorted(set(devices)))}); use data parallelism (d<n>) on "
+            "shared GPUs, or more GPUs"
+        )
+
+
 def dist_backend(devices: list[str]) -> str:
     """NCCL for CUDA tensors only when no two workers share a GPU (same node: same name)."""
     if all(is_cuda(d) for d in devices) and len(set(devices)) == len(devices):

@@ -35,8 +35,17 @@ class Timeouts:
     request: float = 3600.0  # one model function call (generation can be long)
     heartbeat_interval: float = 1.0
     heartbeat: float = 15.0  # a worker (or the master) silent this long is declared lost
-    transfer: float = 600.0  # one torch.distributed send / receive
+    transfer: float = 600.0  # one torch.distributed send / receive, once both sides are in it
     shutdown: float = 10.0  # workers exit after being asked to
+
+    @property
+    def peer(self) -> float:
+        """How long a worker waits for a peer, the one rule for every process group, collective,
+        transfer and reallocation: a peer may first finish the call it is running (up to
+        ``request``), then the exchange itself may take ``transfer``. A shorter bound would let
+        a worker (or NCCL's watchdog) give up on a peer that is merely busy with a long
+        generation."""
+        return self.request + self.transfer
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -362,6 +371,7 @@ class ExperimentConfig:
                     f"{self.placement(mfc.role)}: a model trains where its weights live"
                 )
         self._check_dynamic_sampling()
+        self._check_weightless_layouts()
         for spec in self.failpoints:
             Failpoint.parse(spec)
         if self.owner_role() not in self.allocations:
@@ -369,6 +379,19 @@ class ExperimentConfig:
         idle = sorted(set(range(self.n_model_workers)) - {w for ws in self._used_workers() for w in ws})
         if idle:
             raise ValueError(f"model workers {idle} hold no model; lower n_model_workers or allocate them")
+
+    def _check_weightless_layouts(self) -> None:
+        """A role without weights (the ``null`` backend: a tokenizer and a reward function) has
+        nothing to split: a tensor-parallel layout for it is a mistake of ``allocation_mode``."""
+        for role in sorted(self.allocations):
+            layouts = [self.placement(role).layout, *(p.layout for p in self.copy_placements(role))]
+            split = [lay for lay in layouts if lay.tp > 1]
+            if self.models[role].backend.type_ == "null" and split:
+                raise ValueError(
+                    f"model {role!r} has no weights to split, but its layout is {split[0]}; give the "
+                    f"roles with weights their tensor-parallel layout and the others d<n>m1p1, e.g. "
+                    f"'allocation_mode=\"actor:{split[0]},*:d1m1p1\"'"
+                )
 
     def _check_dynamic_sampling(self) -> None:
         sampling = self.dynamic_sampling

@@ -33,10 +33,13 @@ def rank(group: dist.ProcessGroup | None) -> int:
 
 
 def all_reduce_sum(value: float, group: dist.ProcessGroup | None) -> float:
-    """Sum a Python number over the group (float64, so token counts stay exact)."""
+    """Sum a Python number over the group (float64, so token counts stay exact).
+
+    Control reductions of Python numbers go through host memory, over gloo (every group has it:
+    "gloo" or "cpu:gloo,cuda:nccl"): no copy to a GPU and back, no wait on its stream."""
     if world_size(group) == 1:
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64, device=comm_device(group))
+    t = torch.tensor([float(value)], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return float(t.item())
 
@@ -45,7 +48,7 @@ def all_reduce_max(value: int, group: dist.ProcessGroup | None) -> int:
     """The largest of an integer over the group (how many micro-batches every rank must run)."""
     if world_size(group) == 1:
         return int(value)
-    t = torch.tensor([int(value)], dtype=torch.int64, device=comm_device(group))
+    t = torch.tensor([int(value)], dtype=torch.int64)  # over gloo, as all_reduce_sum
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return int(t.item())
 

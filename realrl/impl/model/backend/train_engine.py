@@ -38,6 +38,7 @@ from realrl.impl.model.backend.activation_checkpointing import enable_gradient_c
 from realrl.impl.model.backend.checkpoint import load_checkpoint, save_checkpoint
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.engine import INPUT_KEY, InferenceEngine, OutputIndexFn
+from realrl.impl.model.backend.loss_scaler import LossScaler
 from realrl.impl.model.backend.lr_schedule import LRScheduler
 from realrl.impl.model.backend.optim import build_optimizer
 from realrl.impl.model.parallel.grad_norm import clip_grad_norm
@@ -82,7 +83,7 @@ class TrainEngine(InferenceEngine):
         self.optimizer = build_optimizer(module, self.optimizer_config)
         self.lr_scheduler = LRScheduler(self.optimizer, self.optimizer_config, total_train_steps)
         use_scaler = self.dtype == torch.float16
-        self.grad_scaler = torch.amp.GradScaler(self.device.type) if use_scaler else None
+        self.loss_scaler = LossScaler() if use_scaler else None
 
     @property
     def grad_sync_group(self) -> dist.ProcessGroup | None:
@@ -130,8 +131,8 @@ class TrainEngine(InferenceEngine):
                 loss, stats = loss_fn(output, mb)
                 scale = w / total / divide if total > 0 else 0.0
                 scaled = loss.float() * scale
-                if self.grad_scaler is not None:
-                    scaled = self.grad_scaler.scale(scaled)
+                if self.loss_scaler is not None:
+                    scaled = self.loss_scaler.scale_loss(scaled)
                 scaled.backward()
                 share = w / local_total
                 loss_sum += float(loss.detach()) * share
@@ -156,22 +157,22 @@ class TrainEngine(InferenceEngine):
         cfg = self.optimizer_config
         if version_steps is None:
             version_steps = self.lr_scheduler.n_updates
-        if self.grad_scaler is not None:
-            self.grad_scaler.unscale_(self.optimizer)
         params = [p for p in self.module.parameters() if p.grad is not None]
+        if self.loss_scaler is not None:
+            self.loss_scaler.unscale_(params)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         if self.sharded:  # shards' squares summed over the mesh: the norm of the whole gradient
             grad_norm = clip_grad_norm(params, max_norm)
         else:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         lr = self.lr_scheduler.step(version_steps)
+        # the norm is the whole gradient's (sharded: reduced over the mesh): every rank of the
+        # model takes the same decision, also a rank whose own shard is finite
+        finite = math.isfinite(grad_norm)
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(finite)
         skipped = 0.0
-        if self.grad_scaler is not None:  # the scaler skips the step itself on inf/NaN and backs off
-            scale = self.grad_scaler.get_scale()
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
-            skipped = float(self.grad_scaler.get_scale() < scale)
-        elif math.isfinite(grad_norm):
+        if finite:
             self.optimizer.step()
         else:
             logger.warning(
@@ -214,7 +215,7 @@ class TrainEngine(InferenceEngine):
         return {
             "optimizer": None if self.sharded else self.optimizer.state_dict(),
             "lr_scheduler": self.lr_scheduler.state_dict(),
-            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
+            "grad_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict(),
         }
 
     def save(self, path: str, extra_state: Any = None) -> None:
@@ -242,6 +243,6 @@ class TrainEngine(InferenceEngine):
         if state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        if self.grad_scaler is not None and state.get("grad_scaler") is not None:
-            self.grad_scaler.load_state_dict(state["grad_scaler"])
+        if self.loss_scaler is not None and state.get("grad_scaler") is not None:
+            self.loss_scaler.load_state_dict(state["grad_scaler"])
         return extra

@@ -1,11 +1,13 @@
 """Parameter reallocation on the workers: carry out a ``ReallocPlan`` with point-to-point messages.
 
 Each worker packs what it sends one destination into one flat buffer, posts every send and
-receive at once on the default group, copies the pieces it keeps locally meanwhile, and scatters
-what it receives into the destination's local shards. Every wait is bounded: a peer that never
-shows up gives an error, not a hang. As in "ReaL: Efficient RLHF Training of Large Language Models
-with Parameter Reallocation" (MLSys 2025), nothing is gathered whole on any worker; the
-gather-then-broadcast baseline it is measured against is in ``baseline.py``.
+receive at once on the group of the reallocation's own workers (never the default group: with
+NCCL a batch of messages uses its group's communicator, whose creation needs every member, and
+the workers outside the move are busy elsewhere), copies the pieces it keeps locally meanwhile,
+and scatters what it receives into the destination's local shards. Every wait is bounded: a
+peer that never shows up gives an error, not a hang. As in "ReaL: Efficient RLHF Training of
+Large Language Models with Parameter Reallocation" (MLSys 2025), nothing is gathered whole on
+any worker; the gather-then-broadcast baseline it is measured against is in ``baseline.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 
 from realrl.api.core.layout import Placement
 from realrl.api.core.model_api import ReaLModelConfig
+from realrl.impl.model.backend.activation_checkpointing import own_named_parameters
 from realrl.impl.model.comm.realloc_plan import (
     Box,
     ParamSpec,
@@ -88,7 +91,7 @@ def param_specs(module: nn.Module, wire_dtype: torch.dtype | None = None) -> dic
     """Every parameter's whole shape (a DTensor's ``shape`` is global) and the dtype it travels in
     (``wire_dtype``, default its own). All workers must plan from equal specs: a worker outside
     the destination passes the destination's dtype."""
-    return {n: ParamSpec(tuple(p.shape), wire_dtype or p.dtype) for n, p in module.named_parameters()}
+    return {n: ParamSpec(tuple(p.shape), wire_dtype or p.dtype) for n, p in own_named_parameters(module)}
 
 
 def model_param_specs(cfg: ReaLModelConfig, wire_dtype: torch.dtype) -> dict[str, ParamSpec]:
@@ -158,10 +161,11 @@ def _view(buf: torch.Tensor, spec: ParamSpec, piece: Piece, offset: int, n: int)
 def local_tensors(
     module: nn.Module | None, boxes: Mapping[str, Mapping[int, Box]], me: int, what: str
 ) -> Tensors:
-    """This worker's local tensor of every planned parameter, checked against its planned box."""
+    """This worker's local tensor of every planned parameter, checked against its planned box
+    (names as the module's own: a gradient-checkpointed source is found under them too)."""
     if module is None:
         raise ValueError(f"worker {me} is in the {what} placement of the plan but has no {what} module")
-    named = dict(module.named_parameters())
+    named = dict(own_named_parameters(module))
     out = {}
     for name, per_worker in boxes.items():
         if name not in named:
@@ -187,21 +191,34 @@ def reshard_fsdp(module: nn.Module) -> None:
             unit.reshard()
 
 
-def _wire(tensors: list[torch.Tensor]) -> tuple[torch.device, bool]:
+def _wire(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> tuple[torch.device, bool]:
     """Where the buffers live and whether messages are batched: CUDA tensors travel as they are
-    when the default group has NCCL (whose sends and receives must be posted as one batch so
-    that two peers sending each other first do not wait for each other); otherwise the
-    buffers go through host memory for gloo."""
+    when ``group`` has NCCL (whose sends and receives must be posted as one batch so that two
+    peers sending each other first do not wait for each other); otherwise the buffers go
+    through host memory for gloo."""
     cuda = next((t.device for t in tensors if t.device.type == "cuda"), None)
-    if cuda is not None and "nccl" in str(dist.get_backend()):
+    if cuda is not None and "nccl" in str(dist.get_backend(group)):
         return cuda, True
     return torch.device("cpu"), False
 
 
-def _post(ops: list[tuple[Callable, torch.Tensor, int, int]], batched: bool) -> list[dist.Work]:
-    if batched and ops:
-        return dist.batch_isend_irecv([dist.P2POp(fn, t, peer, tag=tag) for fn, t, peer, tag in ops])
-    return [fn(t, peer, tag=tag) for fn, t, peer, tag in ops]
+def _post(
+    ops: list[tuple[Callable, torch.Tensor, int, int]],
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    batched: bool,
+) -> list[dist.Work]:
+    """Post every message on ``group`` (peers are global ranks, torch maps them into the group).
+    A batch uses the group's NCCL communicator, created by its first use with every member
+    present: all of them meet on the device first, also those with nothing to send or receive."""
+    if batched:
+        dist.barrier(group=group, device_ids=[device.index])
+        if not ops:
+            return []
+        return dist.batch_isend_irecv(
+            [dist.P2POp(fn, t, peer, group=group, tag=tag) for fn, t, peer, tag in ops]
+        )
+    return [fn(t, peer, group=group, tag=tag) for fn, t, peer, tag in ops]
 
 
 @torch.no_grad()
@@ -212,12 +229,14 @@ def move(
     dst: Mapping[str, torch.Tensor] | None,
     timeout_s: float,
     first_tag: int = 0,
+    group: dist.ProcessGroup | None = None,
 ) -> ReallocStats:
     """Carry out ``plan`` on worker ``me``, from and into local tensors (name -> the tensor holding
-    this worker's box; None where ``me`` holds no box on that side)."""
+    this worker's box; None where ``me`` holds no box on that side). Messages go over ``group``
+    (None: the default group), every member of which calls ``move`` with the same plan."""
     start = time.perf_counter()
     pairs = plan.pairs()
-    device, batched = _wire([*(src or {}).values(), *(dst or {}).values()])
+    device, batched = _wire([*(src or {}).values(), *(dst or {}).values()], group)
     ops, received = [], []
     for _, peer in (p for p in pairs if p[0] == me):
         message = _message(plan, me, peer)
@@ -233,7 +252,7 @@ def move(
         buf = torch.empty(sum(n for *_, n in message), dtype=torch.uint8, device=device)
         ops.append((dist.irecv, buf, peer, first_tag + plan.tag(peer, me)))
         received.append((buf, message))
-    works = _post(ops, batched)
+    works = _post(ops, group, device, batched)
     for piece in plan.between(me, me):  # what this worker keeps, while the messages travel
         into = plan.dst_boxes[piece.param][me]
         held = plan.src_boxes[piece.param][me]
@@ -279,16 +298,25 @@ def reallocate(
     dst_module: nn.Module | None,
     timeout_s: float,
     first_tag: int = 0,
+    *,
+    group: dist.ProcessGroup,
 ) -> ReallocStats:
     """Move a model's weights from ``src_module`` (this worker's part of the source layout) into
     ``dst_module`` (its part of the destination layout) as ``plan`` says.
 
     Every worker of either placement calls it with the same plan (``src_module`` None outside the
-    source placement, ``dst_module`` None outside the destination); messages use tags
-    ``first_tag`` .. ``first_tag + plan.n_tags - 1`` of the default group.
+    source placement, ``dst_module`` None outside the destination) and the same ``group``: a
+    group of exactly those workers (the other workers are not waited for, and need not know of
+    the move). Messages use tags ``first_tag`` .. ``first_tag + plan.n_tags - 1`` of that group.
     """
+    workers = sorted({*plan.src_workers, *plan.dst_workers})
+    members = sorted(dist.get_process_group_ranks(group))
+    if members != workers:
+        raise ValueError(
+            f"a reallocation between workers {workers} must use a group of exactly them, got one of {members}"
+        )
     if src_module is not None:
         reshard_fsdp(src_module)
     src = local_tensors(src_module, plan.src_boxes, me, "source") if me in plan.src_workers else None
     dst = local_tensors(dst_module, plan.dst_boxes, me, "destination") if me in plan.dst_workers else None
-    return move(plan, me, src, dst, timeout_s, first_tag)
+    return move(plan, me, src, dst, timeout_s, first_tag, group)

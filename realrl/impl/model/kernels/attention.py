@@ -65,8 +65,8 @@ class _VarlenAttention(torch.autograd.Function):
         lib = _library()
         n, hq, d = q.shape
         hkv = k.shape[1]
-        out = torch.empty(n, hq, d, dtype=q.dtype)
-        lse = torch.empty(n, hq, dtype=q.dtype)
+        out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
+        lse = torch.empty(n, hq, dtype=q.dtype, device=q.device)
 
         def run(a: int, b: int) -> int:
             return lib.varlen_attn_fwd(
@@ -88,10 +88,10 @@ class _VarlenAttention(torch.autograd.Function):
         dout = dout.contiguous()
         n, hq, d = q.shape
         hkv = k.shape[1]
-        dq = torch.zeros(n, hq, d, dtype=q.dtype)
+        dq = torch.zeros(n, hq, d, dtype=q.dtype, device=q.device)
         chunks = _chunks(start, count, hq)
         # keys can be shared between runs (a shared prompt): each thread sums into its own dk/dv
-        dkv = [torch.zeros(2, k.shape[0], hkv, d, dtype=k.dtype) for _ in chunks]
+        dkv = [torch.zeros(2, k.shape[0], hkv, d, dtype=k.dtype, device=k.device) for _ in chunks]
 
         def run(chunk: tuple[int, int], grads: torch.Tensor) -> int:
             a, b = chunk
@@ -150,8 +150,8 @@ def decode_attention(q, keys, values, lens, scale: float) -> torch.Tensor:
     if not (keys.is_contiguous() and values.is_contiguous()):
         raise ValueError("decode_attention reads a contiguous [B, Hkv, capacity, D] cache")
     q = _rows(q)
-    out = torch.empty(B, hq, d, dtype=q.dtype)
-    lse = torch.empty(B, hq, dtype=q.dtype)
+    out = torch.empty(B, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, hq, dtype=q.dtype, device=q.device)
     # key row i = b * Hkv * capacity + slot, rows D apart and heads capacity * D apart
     starts = torch.arange(B, dtype=torch.long) * (hkv * capacity)
     counts = (lens + 1).to(torch.long).contiguous()

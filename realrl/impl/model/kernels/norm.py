@@ -54,16 +54,20 @@ def native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalises in fp32 and casts back before the weight, as the HF llama family does."""
+    """Normalises in fp32 and casts back before the weight, as the HF llama family does; the
+    result has ``x``'s dtype. With fp32 master weights under bf16 autocast, ``weight * h`` would
+    promote a bf16 input to fp32: qwen3's per-head q/k norms would hand fp32 queries and keys to
+    attention next to bf16 values, which the flash kernels and the KV cache do not take."""
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return (weight * h.to(dtype)).to(dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * x / sqrt(mean(x^2, -1) + eps)`` over the last dim, computed in fp32: the C kernel
-    where ``dispatch.choose_kernel`` picks it, else the torch expression."""
+    """``weight * x / sqrt(mean(x^2, -1) + eps)`` over the last dim, computed in fp32 and returned
+    in ``x``'s dtype (whatever the weight's): the C kernel where ``dispatch.choose_kernel`` picks it,
+    else the torch expression."""
     if dispatch.use_native("rms_norm", x, weight=weight):
         return native_rms_norm(x, weight, eps)
     return torch_rms_norm(x, weight, eps)

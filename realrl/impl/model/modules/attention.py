@@ -129,6 +129,18 @@ def resolve_attn_impl(impl: str, device: torch.device | str | None, dtype: torch
     return impl
 
 
+def check_one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Queries, keys and values reach attention in one dtype: the CUDA varlen kernels and the KV
+    cache take nothing else, and SDPA under autocast would cast a mismatch away on the CPU only.
+    A mismatch is a bug upstream (a norm or a rotary table that changed the dtype of q or k), so
+    it is raised here, on every backend and device, where it shows."""
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(
+            f"attention needs queries, keys and values of one dtype; got q {q.dtype}, k {k.dtype}, "
+            f"v {v.dtype} (under autocast, whatever produces them must return the activations' dtype)"
+        )
+
+
 def _window_mask(L: int, window: int, device) -> torch.Tensor:
     i = torch.arange(L, device=device)
     d = i[:, None] - i[None, :]
@@ -311,6 +323,7 @@ def packed_attention(
 
     ``shared`` = ``(expand, represent)`` of shared-prefix packing: q, k, v hold the Tc compressed
     tokens and the output is [Tc, Hq, D] (``keep`` still names original tokens)."""
+    check_one_dtype(q, k, v)
     if impl == "cpu_varlen" and kernels.use_native("varlen_attention", q, window=window, dropout_p=dropout_p):
         return _cpu_varlen(q, k, v, meta, scale, keep, shared)
     if impl in ("sdpa", "cpu_varlen"):  # what the kernel does not take is sdpa's

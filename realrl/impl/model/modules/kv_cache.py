@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from realrl.impl.model import kernels
-from realrl.impl.model.modules.attention import PackedMeta, packed_attention
+from realrl.impl.model.modules.attention import PackedMeta, check_one_dtype, packed_attention
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
 
 
@@ -80,7 +80,12 @@ class KVCache:
         return ((rows[:, None] * h + heads[None, :]) * cap + positions[:, None]).reshape(-1)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [N, Hkv, D] into the flat ``slots`` from :meth:`slots`."""
+        """k, v [N, Hkv, D] into the flat ``slots`` from :meth:`slots`, in the cache's dtype."""
+        if k.dtype != self.k[layer].dtype or v.dtype != self.v[layer].dtype:
+            raise ValueError(
+                f"the KV cache holds {self.k[layer].dtype}; layer {layer} wrote keys in {k.dtype} and "
+                f"values in {v.dtype} (the cache takes the activations' dtype: autocast's, else the weights')"
+            )
         d = k.shape[-1]
         self.k[layer].view(-1, d).index_copy_(0, slots, k.reshape(-1, d))
         self.v[layer].view(-1, d).index_copy_(0, slots, v.reshape(-1, d))
@@ -124,10 +129,11 @@ class PackedContext:
 
     def attend(self, layer: int, q, k, v, scale: float, window: int | None, keep=None) -> torch.Tensor:
         """[T, Hq, D], or [N, Hq, D] for the ``keep`` queries only (all tokens' k/v are cached)."""
-        if self.cache is not None:
-            self.cache.write(layer, self.cache_slots, k, v)
         shared = None if self.shared is None else (self.shared.expand, self.shared.represent)
-        return packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p, keep, shared)
+        out = packed_attention(q, k, v, self.meta, self.impl, scale, window, self.dropout_p, keep, shared)
+        if self.cache is not None:  # after attention, which checks the dtypes first
+            self.cache.write(layer, self.cache_slots, k, v)
+        return out
 
 
 def decode_attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
@@ -187,6 +193,7 @@ class DecodeContext:
         share one key mask), so a single SDPA call covers them without expanding the cache:
         measured ~20x faster on CPU than baddbmm + softmax + bmm, or SDPA with enable_gqa.
         """
+        check_one_dtype(q, k, v)
         self.cache.write(layer, self._slots, k, v)
         if self.impl == "cpu_varlen" and kernels.use_native("decode_attention", q, window=window):
             return kernels.decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.lens, scale)

@@ -9,7 +9,9 @@ from realrl.impl.model import kernels
 
 
 class RMSNorm(nn.Module):
-    """Normalises in fp32 and casts back before the weight, as the HF llama family does."""
+    """Normalises in fp32 and casts back before the weight, as the HF llama family does. The output
+    has the input's dtype, like ``nn.LayerNorm`` under autocast: bf16 rows stay bf16 next to fp32
+    master weights (``kernels.rms_norm``)."""
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None, device=None):
         super().__init__()

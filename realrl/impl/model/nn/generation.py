@@ -25,6 +25,7 @@ from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_at
 from realrl.impl.model.nn.sampling import answer_keys, eos_tensor, next_tokens, random_keys
 from realrl.impl.model.nn.static_decode import DecodeTrace, StaticDecoder, cache_capacity
 from realrl.impl.model.nn.transformer_block import is_sharded, linear
+from realrl.impl.model.parallel.fsdp import is_fsdp
 
 logger = logging.getLogger("generation")
 
@@ -98,17 +99,41 @@ def _generate(
 
 
 def decoding_mode(model, g: GenerationHyperparameters, device: torch.device) -> str:
-    """How the decoding steps run (``g.decoding``): "auto" is "cuda_graph" on a CUDA device for a
-    model that is not split by tensor parallelism, else "eager"."""
-    mode = g.decoding
-    split = len(model.layers) > 0 and is_sharded(model.layers[0].attn.q)
-    if mode == "auto":
-        return "cuda_graph" if device.type == "cuda" and not split else "eager"
-    if mode == "cuda_graph" and device.type != "cuda":
-        raise ValueError(f"decoding='cuda_graph' needs a CUDA device; the model is on {device}")
-    if mode != "eager" and split:
-        raise ValueError(f"decoding={mode!r} does not run a model split by tensor parallelism; use 'eager'")
-    return mode
+    """How ``model``'s decoding steps run on ``device``: ``choose_decoding`` with the model's facts
+    (split by tensor parallelism: its layers' weights are DTensors; sharded by FSDP: ``is_fsdp``,
+    also inside ``gathered()``, where the weights are whole and plain)."""
+    tensor_parallel = len(model.layers) > 0 and is_sharded(model.layers[0].attn.q)
+    return choose_decoding(g.decoding, device.type, tensor_parallel, is_fsdp(model))
+
+
+def choose_decoding(
+    requested: str, device_type: str, tensor_parallel: bool = False, fsdp: bool = False
+) -> str:
+    """The decoding mode for ``decoding=requested`` on ``device_type``: "auto" is "cuda_graph" on a
+    CUDA device for a model split neither by tensor parallelism nor by FSDP, else "eager".
+
+    Tensor parallelism: a step's collectives run inside the layers, and the fixed-shape step does
+    not lay its inputs out over the mesh; only "eager" runs such a model. FSDP: generation runs
+    with every unit's weights gathered (``parallel/fsdp.gathered``), yet FSDP's hooks still run
+    around each block's forward, and a block called outside the root's forward (as decoding calls
+    them) makes FSDP's all-gather streams wait on the current one: inside a capture that forks
+    streams the graph never joins. So under FSDP no graph is captured: "auto" decodes eagerly,
+    "static" (the same fixed-shape steps, uncaptured) runs, and "cuda_graph" is refused. A pure
+    function: the choice is tested without a GPU."""
+    if requested == "auto":
+        return "cuda_graph" if device_type == "cuda" and not (tensor_parallel or fsdp) else "eager"
+    if requested == "cuda_graph" and device_type != "cuda":
+        raise ValueError(f"decoding='cuda_graph' needs a CUDA device; the model is on {device_type}")
+    if requested != "eager" and tensor_parallel:
+        raise ValueError(
+            f"decoding={requested!r} does not run a model split by tensor parallelism; use 'eager'"
+        )
+    if requested == "cuda_graph" and fsdp:
+        raise ValueError(
+            "decoding='cuda_graph' does not run a model sharded by FSDP (its hooks run on their own "
+            "streams, which a CUDA graph capture cannot record); use decoding='auto', 'eager' or 'static'"
+        )
+    return requested
 
 
 def static_decoder(

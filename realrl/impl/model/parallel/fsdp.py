@@ -8,12 +8,23 @@ the tensor-parallel plan made over "tp".
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    """Whether FSDP manages ``model`` or any module in it, inside ``gathered`` too (the weights
+    are whole there, but FSDP's hooks still run around every unit's forward). Free where FSDP was
+    never imported: such a process holds no FSDP module."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and any(isinstance(m, fsdp.FSDPModule) for m in model.modules())
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
@@ -22,6 +33,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     FSDP2 settles which unit is the root at the first forward it sees; generation calls the blocks
     without the root's forward, so one token goes through the whole model here (a collective).
     """
+    from torch.distributed.fsdp import fully_shard
+
     for layer in model.layers:
         fully_shard(layer, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
@@ -36,6 +49,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
 def sum_gradients(model: nn.Module) -> None:
     """Reduce-scatter gradients as a sum over the dp ranks, not FSDP's default mean: the train
     engine scales each rank's loss by the global loss weight, so the sum is the batch gradient."""
+    from torch.distributed.fsdp import FSDPModule
+
     for unit in model.modules():
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)
@@ -46,6 +61,8 @@ def sum_gradients(model: nn.Module) -> None:
 def gathered(model: nn.Module) -> Iterator[None]:
     """Every FSDP unit's parameters whole for the duration (generation: a decoding step runs every
     block once per token, and the loop reads the embedding and head outside ``forward``)."""
+    from torch.distributed.fsdp import FSDPModule
+
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for unit in units:
         unit.unshard()

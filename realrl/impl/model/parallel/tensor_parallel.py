@@ -11,7 +11,8 @@ qwen3, mistral, gpt2): they differ in biases, norms and MLP kind, not in what sp
 Activations between blocks are whole on every rank (no sequence parallelism): packed,
 variable-length batches then need no change anywhere else, and the KV cache of generation holds
 each rank's own KV heads. The one whole weight that meets split activations is qwen3's per-head
-q/k norm: each rank sees only its heads, so its gradient is summed over the tp ranks.
+q/k norm: each rank sees only its heads, so its gradient is summed over the tp ranks (see
+``SumGradientOverTp`` for how that sum survives FSDP and checkpoint loading).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import functools
 
 import torch
 import torch.distributed as dist
+import torch.utils.weak
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
@@ -65,6 +67,43 @@ def _sum_over(grad: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return total.to(grad.device)
 
 
+def partial_over_tp(attn: nn.Module) -> list[nn.Parameter]:
+    """The whole weights of an attention module that see only this rank's heads: its per-head
+    q/k norms (qwen3). Read at call time: the parameters that are in the module now."""
+    norms = (getattr(attn, "q_ln", None), getattr(attn, "k_ln", None))
+    return [p for norm in norms if norm is not None for p in norm.parameters()]
+
+
+class SumGradientOverTp:
+    """Forward pre-hook of an attention module: before each forward that records gradients, the
+    ``partial_over_tp`` weights it is about to read get a gradient hook that sums their gradient
+    over the tp ranks (once per tensor).
+
+    A hook on the parameters at split time would not do: what wraps the module afterwards
+    replaces them. FSDP2's ``fully_shard`` swaps in sharded parameters, and during forward and
+    backward an unsharded one autograd accumulates into; loading a checkpoint split allocates
+    with ``to_empty``, which makes new parameters. The module stays, and the weight it reads in
+    forward is the one autograd differentiates, so the sum lands on each backward's own
+    contribution, before accumulation over micro-batches and before FSDP's reduce-scatter over
+    "dp" (both sums, so their order does not matter). A post-accumulate hook would sum the
+    accumulated gradient again at every micro-batch; replicated DTensor weights would hand the
+    optimizer and the norm clipping partial gradients outside FSDP and route every norm of
+    decoding through DTensor dispatch.
+    """
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.hooked = torch.utils.weak.WeakIdKeyDictionary()  # the tensors given the hook
+
+    def __call__(self, attn: nn.Module, args: tuple) -> None:
+        if not torch.is_grad_enabled():  # no backward will reach this forward's weights
+            return
+        for p in partial_over_tp(attn):
+            if p.requires_grad and p not in self.hooked:
+                p.register_hook(functools.partial(_sum_over, group=self.group))
+                self.hooked[p] = True
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard ``model`` (a ReaLModel, whole and identical on every rank) over ``tp_mesh`` in place.
 
@@ -78,8 +117,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     group = tp_mesh.get_group()
     for layer in model.layers:
         layer.attn.n_q, layer.attn.n_kv = cfg.n_q_heads // tp, cfg.n_kv_heads // tp
-        for norm in (getattr(layer.attn, "q_ln", None), getattr(layer.attn, "k_ln", None)):
-            for p in norm.parameters() if norm is not None else ():
-                p.register_hook(functools.partial(_sum_over, group=group))
+        if partial_over_tp(layer.attn):
+            layer.attn.register_forward_pre_hook(SumGradientOverTp(group))
     if cfg.tied_embedding and not cfg.is_critic:
         model.head.weight = model.embed.wte.weight  # both split the vocabulary the same way

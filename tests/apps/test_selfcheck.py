@@ -1,0 +1,375 @@
+"""``python -m realrl.apps.selfcheck``: the figure parsers on recorded benchmark output, the
+targets, the report (json, table, markdown), which checks run without CUDA, the exit status, a
+check that fails or hangs without stopping the others, and one real run of a cheap check."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from realrl.apps import selfcheck
+from realrl.apps.selfcheck_report import (
+    ENV_FIELDS,
+    FAIL,
+    PASS,
+    SKIPPED,
+    CheckResult,
+    Target,
+    build_report,
+    describe_target,
+    exit_status,
+    judge_targets,
+    parse_bench_forward,
+    parse_bench_generate,
+    parse_pytest,
+    render_markdown,
+    render_table,
+    summary_figures,
+    tail,
+    verdict,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# benchmarks/bench_generate.py --n-seqs 4 --min-len 8 --max-len 16 --max-new 8 --repeats 1 (2 CPU
+# cores), with transformers' progress bar in the same stream, as the selfcheck's log holds it
+BENCH_GENERATE_CPU = (
+    "Loading weights:   0%|          | 0/57 [00:00<?, ?it/s]\rLoading weights: 100%|██████████| 57/57 "
+    "[00:00<00:00, 43271.55it/s]\n"
+    "4 prompts of 8-13 tokens, max_new_tokens=8, 1 EOS id(s); threads=2, attention cpu_varlen; weights "
+    "0.06 GiB, measured bandwidth 34 GB/s\n"
+    "                              wall tokens/s  CPU-time tokens/s  new tokens/run  roofline tokens/s  "
+    "of roofline\n"
+    "realrl eager                             22                 33              32               2138"
+    "        1.0%\n"
+    "realrl static                            46                 71              32               2138"
+    "        2.2%\n"
+    "transformers generate                    40                 46              32               2138"
+    "        1.9%\n"
+    "ratio realrl eager / transformers generate                     0.56x wall\n"
+    "ratio realrl static / transformers generate                    1.15x wall\n"
+    "ratio realrl static / realrl eager                             2.07x wall\n"
+)
+# the same script's format on CUDA, where the graphs' side did not run
+BENCH_GENERATE_CUDA_FAILED = (
+    "64 prompts of 33-510 tokens, max_new_tokens=256, 50 EOS id(s); cuda bf16, attention flash_attn; "
+    "weights 2.05 GiB, measured bandwidth 2890 GB/s\n"
+    "realrl eager                           2538               2601           12000             400000"
+    "        0.6%\n"
+    "transformers generate                  1732               1800           12000             400000"
+    "        0.4%\n"
+    "realrl cuda_graph            did not run: RuntimeError: CUDA error: operation not permitted when "
+    "stream is capturing\n"
+)
+# benchmarks/bench_forward.py --n-seqs 4 --min-len 8 --max-len 16 --repeats 1 (CPU), and the GPU lines
+BENCH_FORWARD = (
+    "model: llama-like, 15.6M params; 4 sequences, 46 tokens (padded batch 52 slots); threads=2, cpu_varlen\n"
+    "peak GPU memory of a step: ReaLModel 25.20 GiB, HF 42.60 GiB\n"
+    "                                wall tokens/s  CPU-time tokens/s\n"
+    "ReaLModel packed fwd+bwd                  129                197\n"
+    "transformers padded fwd+bwd               124                182\n"
+    "ratio (ReaLModel / HF)                  1.05x              1.08x\n"
+)
+
+
+def test_bench_generate_figures_from_its_cpu_output():
+    f = parse_bench_generate(BENCH_GENERATE_CPU, "realrl eager")
+    assert f["realrl_eager_tok_s"] == 22 and f["realrl_eager_roofline_pct"] == 1.0
+    assert f["realrl_static_tok_s"] == 46 and f["transformers_generate_tok_s"] == 40
+    assert f["decode_tok_s"] == 22 and f["roofline_pct"] == 1.0
+    assert f["speedup_vs_hf"] == pytest.approx(22 / 40, abs=1e-3)
+    assert f["bandwidth_gb_s"] == 34 and f["attn_impl"] == "cpu_varlen"
+    assert not any(k.startswith("ratio") for k in f)  # the ratio lines are not rows
+
+
+def test_a_decoding_side_that_did_not_run_misses_its_targets_by_name():
+    f = parse_bench_generate(BENCH_GENERATE_CUDA_FAILED, "realrl cuda_graph")
+    assert f["realrl_eager_tok_s"] == 2538 and f["realrl_eager_roofline_pct"] == 0.6
+    assert f["realrl_cuda_graph_error"].startswith("RuntimeError: CUDA error")
+    assert "decode_tok_s" not in f
+    targets = judge_targets(f, selfcheck.GENERATE_TARGETS)
+    assert [t["met"] for t in targets] == [False, False]
+    status, reason = verdict(0, False, 900, targets)
+    assert status == FAIL and reason == "target missed: decode_tok_s missing; roofline_pct missing"
+
+
+def test_bench_generate_targets_pass_and_fail_on_the_figures():
+    ok = {"decode_tok_s": 13000, "roofline_pct": 31.5}
+    assert verdict(0, False, 900, judge_targets(ok, selfcheck.GENERATE_TARGETS)) == (PASS, "")
+    slow = {"decode_tok_s": 9000, "roofline_pct": 31.5}
+    status, reason = verdict(0, False, 900, judge_targets(slow, selfcheck.GENERATE_TARGETS))
+    assert status == FAIL
+    assert (
+        reason == "target missed: decode_tok_s 9,000 < 12,690 (5 x 2,538 tok/s, eager decoding on one H100)"
+    )
+
+
+def test_bench_forward_figures():
+    f = parse_bench_forward(BENCH_FORWARD)
+    assert f["realrl_tok_s"] == 129 and f["hf_tok_s"] == 124 and f["realrl_cpu_tok_s"] == 197
+    assert f["speedup_vs_hf"] == 1.05 and f["speedup_vs_hf_cpu_time"] == 1.08
+    assert f["realrl_peak_gib"] == 25.2 and f["hf_peak_gib"] == 42.6
+    assert f["params_m"] == 15.6 and f["tokens"] == 46 and f["attn_impl"] == "cpu_varlen"
+
+
+@pytest.mark.parametrize(
+    "last, want",
+    [
+        ("12 passed, 3 skipped, 1400 deselected in 41.20s", {"passed": 12, "skipped": 3, "deselected": 1400}),
+        ("==== 1 failed, 11 passed, 1 error in 9.01s ====", {"failed": 1, "passed": 11, "errors": 1}),
+        ("1412 deselected in 3.10s", {"passed": 0, "deselected": 1412}),
+    ],
+)
+def test_pytest_counts(last, want):
+    f = parse_pytest("tests/model/test_gpu.py ..s\n" + last + "\n")
+    assert {k: f[k] for k in want} == want
+
+
+def test_summary_figures_keep_named_numbers_and_prefixed_keys():
+    summary = {
+        "steps": 3,
+        "kl": 0.5,
+        "rm_accuracy": None,
+        "samples": [1],
+        "realloc/actor/bytes": 9.0,
+        "x/y": 1.0,
+    }
+    assert summary_figures(summary, ("steps", "kl", "rm_accuracy"), ("realloc/",)) == {
+        "steps": 3,
+        "kl": 0.5,
+        "realloc/actor/bytes": 9.0,
+    }
+    assert summary_figures(None, ("steps",)) == {}
+
+
+def test_verdict_order_and_target_wording():
+    met = judge_targets({"steps": 3}, (Target("steps", "==", 3),))
+    assert verdict(None, True, 60, met) == (FAIL, "timed out after 60 s")
+    assert verdict(1, False, 60, met) == (FAIL, "exit status 1")
+    assert verdict(0, False, 60, met, "no summary.json") == (FAIL, "no summary.json")
+    assert verdict(0, False, 60, met) == (PASS, "")
+    (t,) = judge_targets({"wall_seconds": 700.0}, (Target("wall_seconds", "<=", 600, "under 10 minutes"),))
+    assert describe_target(t) == "wall_seconds 700 > 600 (under 10 minutes)"
+    assert judge_targets({"kl": "n/a"}, (Target("kl", ">=", 0),))[0]["met"] is False
+
+
+def test_tail_keeps_the_last_state_of_redrawn_lines():
+    text = "a\nstep 1/3\rstep 2/3\rstep 3/3\n" + "".join(f"line {i}\n" for i in range(100)) + "\n\n"
+    assert tail("a\nstep 1/3\rstep 3/3\nend\n") == "a\nstep 3/3\nend"
+    assert tail(text, n_lines=2) == "line 98\nline 99"
+
+
+def _results():
+    return [
+        CheckResult(
+            "main",
+            "python -m realrl.apps.quickstart ppo device=cuda",
+            PASS,
+            70.2,
+            {"rm_accuracy": 1.0, "gain_in_sft_std": 2.33},
+            [{"figure": "rm_accuracy", "op": ">=", "value": 0.9, "got": 1.0, "met": True, "why": ""}],
+            tail="all fine",
+            log="/x/logs/main.log",
+            shown=["rm_accuracy", "gain_in_sft_std"],
+        ),
+        CheckResult(
+            "bench_generate",
+            "python benchmarks/bench_generate.py --device cuda",
+            FAIL,
+            80.0,
+            {"decode_tok_s": 9000},
+            reason="target missed: decode_tok_s 9,000 < 12,690",
+            tail="Traceback ... the end",
+            log="/x/logs/bench_generate.log",
+        ),
+        CheckResult(
+            "train_vs_hf", "python benchmarks/bench_forward.py", SKIPPED, reason="needs a CUDA device"
+        ),
+    ]
+
+
+def test_report_has_every_field_and_keeps_tails_of_failures_only():
+    env = {
+        "date": "2026-11-26T10:00:00+00:00",
+        "hostname": "h",
+        "device": "cuda",
+        "device_name": "NVIDIA H100",
+    }
+    report = json.loads(json.dumps(build_report(env, _results(), {"quick": False})))
+    assert set(ENV_FIELDS) <= set(report) and report["driver_version"] is None  # unknown: null
+    assert report["status"] == FAIL and report["counts"] == {PASS: 1, FAIL: 1, SKIPPED: 1}
+    fields = {"name", "command", "status", "seconds", "figures", "targets", "reason", "tail", "log", "shown"}
+    assert all(set(c) == fields for c in report["checks"])
+    main, bench, skipped = report["checks"]
+    assert main["tail"] == "" and bench["tail"] == "Traceback ... the end"
+    assert skipped["status"] == SKIPPED and skipped["reason"] == "needs a CUDA device"
+
+    table = render_table(report)
+    lines = table.splitlines()
+    assert lines[0].split() == ["check", "status", "s", "figures", "note"]
+    assert lines[2].split()[:3] == ["main", "PASS", "70"] and "gain_in_sft_std=2.33" in lines[2]
+    assert "decode_tok_s=9,000" in lines[3] and lines[3].endswith("decode_tok_s 9,000 < 12,690")
+    assert lines[4].split()[:2] == ["train_vs_hf", "SKIPPED"]
+    assert lines[-1].startswith("FAIL: 1 passed, 1 failed, 1 skipped on h, NVIDIA H100 (cuda)")
+
+    md = render_markdown(report)
+    assert md.startswith("# realrl selfcheck: FAIL")
+    assert "| device_name | NVIDIA H100 |" in md and "| main | PASS | 70 |" in md
+    assert "```\nTraceback ... the end\n```" in md and "all fine" not in md
+    assert "met: rm_accuracy 1 >= 0.9" in md
+
+
+def test_exit_status():
+    passed, failed, skipped = (CheckResult("c", "cmd", s) for s in (PASS, FAIL, SKIPPED))
+    assert exit_status([passed, skipped]) == 0 and exit_status([skipped]) == 0 and exit_status([]) == 0
+    assert exit_status([passed, failed, skipped]) == 1
+
+
+def test_without_cuda_the_gpu_checks_are_skipped_and_the_cpu_checks_run_on_the_cpu(tmp_path):
+    checks = selfcheck.build_checks("cpu", REPO, str(tmp_path))
+    chosen = selfcheck.select_checks(checks, has_cuda=False)
+    why = {c.name: reason for c, reason in chosen}
+    assert list(why) == [
+        "gpu_tests",
+        "main",
+        "grpo_d2",
+        "tp",
+        "fsdp",
+        "per_call",
+        "per_call_shared",
+        "bench_generate",
+        "train_vs_hf",
+    ]
+    assert why["gpu_tests"] == why["train_vs_hf"] == selfcheck.NO_CUDA
+    runs = [c for c, reason in chosen if not reason]
+    assert [c.name for c in runs] == [
+        "main",
+        "grpo_d2",
+        "tp",
+        "fsdp",
+        "per_call",
+        "per_call_shared",
+        "bench_generate",
+    ]
+    for c in runs[:-1]:
+        assert "device=cpu" in c.argv and "colocate=true" not in c.argv and c.summary_path
+    by_name = {c.name: c for c in runs}
+    assert "allocation_mode=d1m2p1" in by_name["tp"].argv
+    assert {"allocation_mode=d2", "actor.engine.fsdp=true"} <= set(by_name["fsdp"].argv)
+    assert by_name["bench_generate"].targets == ()  # the targets are for the GPU's 1.1B run
+    assert by_name["main"].targets == selfcheck.MAIN_TARGETS  # not shortened without --quick
+
+    skipped_all = selfcheck.select_checks(checks, has_cuda=False, skip_cpu=True)
+    assert all(reason for _, reason in skipped_all)
+    only = selfcheck.select_checks(checks, has_cuda=False, only=["tp", "gpu_tests"])
+    assert [(c.name, bool(r)) for c, r in only] == [("gpu_tests", True), ("tp", False)]
+    with pytest.raises(ValueError, match=r"unknown check\(s\) \['nope'\]"):
+        selfcheck.select_checks(checks, has_cuda=False, only=["nope"])
+
+
+def test_on_cuda_every_check_runs_in_bf16_on_the_shared_gpu_and_missing_files_skip(tmp_path):
+    checks = selfcheck.build_checks("cuda", str(tmp_path), str(tmp_path / "runs"), quick=True)
+    chosen = selfcheck.select_checks(checks, has_cuda=True)
+    why = {c.name: reason for c, reason in chosen}
+    assert why["gpu_tests"].startswith(str(tmp_path / "tests") + " not found")  # not a checkout
+    assert "not found" in why["bench_generate"] and "not found" in why["train_vs_hf"]
+    by_name = {c.name: c for c in checks}
+    assert by_name["main"].targets[0].figure == "steps"  # --quick: shortened, no learning targets
+    # one GPU: tensor parallelism and FSDP cannot share it (NCCL), data parallelism and moves can
+    assert {n for n, r in why.items() if r.startswith("needs 2 GPUs, 1 visible")} == {
+        "tp",
+        "fsdp",
+        "per_call",
+    }
+    assert why["grpo_d2"] == why["per_call_shared"] == ""
+    two = {c.name: r for c, r in selfcheck.select_checks(checks, has_cuda=True, n_gpus=2)}
+    assert two["tp"] == two["fsdp"] == two["per_call"] == ""
+    for name in ("grpo_d2", "tp", "fsdp", "per_call", "per_call_shared"):
+        argv = by_name[name].argv
+        assert "device=cuda" in argv and "colocate=true" in argv and "exp_ctrl.total_train_steps=2" in argv
+        assert not any("dtype" in a for a in argv)  # the engines' default: bf16 on CUDA
+    assert by_name["bench_generate"].targets == selfcheck.GENERATE_TARGETS
+    assert "1b" in by_name["bench_generate"].argv and "1b" in by_name["train_vs_hf"].argv
+
+
+def _python_check(name, code, timeout_s=60.0, **kw):
+    return selfcheck.Check(name, name, (sys.executable, "-c", code), timeout_s, lambda text, s: {}, **kw)
+
+
+def test_a_failing_or_hanging_check_is_a_failed_result_with_its_output(tmp_path):
+    failing = _python_check("boom", "import sys; print('working'); sys.exit('it broke')")
+    result = selfcheck.run_check(failing, str(tmp_path), str(tmp_path / "boom.log"))
+    assert (result.status, result.reason) == (FAIL, "exit status 1")
+    assert result.tail == "working\nit broke"
+
+    hanging = _python_check(
+        "hang", "import time; print('started', flush=True); time.sleep(60)", timeout_s=1.0
+    )
+    result = selfcheck.run_check(hanging, str(tmp_path), str(tmp_path / "hang.log"), timeout_scale=2.0)
+    assert (result.status, result.reason) == (FAIL, "timed out after 2 s") and result.seconds < 30
+    assert result.tail == "started"
+
+    no_summary = _python_check("quiet", "pass", summary_path=str(tmp_path / "summary.json"))
+    result = selfcheck.run_check(no_summary, str(tmp_path), str(tmp_path / "quiet.log"))
+    assert (result.status, result.reason) == (
+        FAIL,
+        f"no summary.json written by this run at {tmp_path / 'summary.json'}",
+    )
+
+    path = tmp_path / "written" / "summary.json"
+    code = f"import json, os; os.makedirs({str(path.parent)!r}); json.dump({{'steps': 3}}, open({str(path)!r}, 'w'))"
+    writes = selfcheck.Check(
+        "writes",
+        "writes",
+        (sys.executable, "-c", code),
+        60,
+        selfcheck._from_summary(("steps",)),
+        targets=(Target("steps", "==", 3),),
+        summary_path=str(path),
+    )
+    result = selfcheck.run_check(writes, str(tmp_path), str(tmp_path / "writes.log"))
+    assert (result.status, result.figures, result.targets[0]["met"]) == (PASS, {"steps": 3}, True)
+
+    missing = selfcheck.Check("absent", "absent", (str(tmp_path / "no-such-program"),), 60, lambda t, s: {})
+    result = selfcheck.run_check(missing, str(tmp_path), str(tmp_path / "absent.log"))
+    assert result.status == FAIL and result.reason.startswith("could not start: ")
+
+
+def test_one_real_cpu_run_of_the_decoding_benchmark_writes_a_passing_report(tmp_path):
+    """The command itself, restricted to the tiny CPU decoding benchmark (~15 s) and the GPU tests
+    (skipped here): the report says what ran, with its figures."""
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "realrl.apps.selfcheck",
+            "--only",
+            "bench_generate,gpu_tests",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "selfcheck.json").read_text())
+    if report["device"] == "cuda":
+        pytest.skip("the CPU variant of this check runs only without CUDA")
+    assert proc.stdout.startswith("no CUDA device (torch.cuda.is_available() is false)")
+    assert [(c["name"], c["status"]) for c in report["checks"]] == [
+        ("gpu_tests", SKIPPED),
+        ("bench_generate", PASS),
+    ]
+    bench = report["checks"][1]
+    assert bench["figures"]["decode_tok_s"] > 0 and 0 < bench["figures"]["roofline_pct"] < 100
+    assert bench["figures"]["realrl_eager_tok_s"] == bench["figures"]["decode_tok_s"]
+    assert bench["figures"]["transformers_generate_tok_s"] > 0
+    assert report["engine_dtype"] == "float32" and report["torch_version"] and report["flash_attn_version"]
+    assert (out / "selfcheck.md").read_text().startswith("# realrl selfcheck: PASS")
+    assert (out / "logs" / "bench_generate.log").exists()
+    assert "bench_generate  PASS" in proc.stdout
