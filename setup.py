@@ -15,7 +15,8 @@ setup(
         "transformers>=4.45",
         "ray>=2.9",
         "pyzmq>=25",
-        "omegaconf>=2.3,<2.5",  # structured configs and key=value overrides (hydra's config library)
+        "omegaconf>=2.3,<2.5",  # structured configs (hydra's config library)
+        "hydra-core>=1.3.2,<1.4",  # the command line: compose API, override grammar, sweeps
         "safetensors>=0.4",
         "tokenizers>=0.19",
         "numpy>=1.24",

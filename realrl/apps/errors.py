@@ -60,11 +60,19 @@ def _is_last_exception(text: str, start: int) -> bool:
 
 
 def wants_traceback(argv: list[str]) -> bool:
-    """``debug=true`` among the arguments (read before any config exists) or HYDRA_FULL_ERROR=1."""
+    """``debug=true`` among the arguments (read by hydra's parser before any config exists) or
+    HYDRA_FULL_ERROR=1."""
+    from realrl.apps.overrides import parse_override
+
     if os.environ.get("HYDRA_FULL_ERROR", "").strip().lower() in _TRUE:
         return True
     for arg in argv:
-        key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+~") == "debug" and value.strip().strip("'\"").lower() in _TRUE:
+        if arg.startswith("-") or "=" not in arg:
+            continue  # a flag or the experiment
+        try:
+            override = parse_override(arg)
+        except UserError:
+            continue  # reported once the config is built
+        if override.key_or_group == "debug" and str(override.value()).strip().lower() in _TRUE:
             return True
     return False

@@ -1,10 +1,13 @@
-"""``key=value`` overrides -> an experiment's config, every error naming the override at fault.
+"""``key=value`` overrides, read by hydra's override parser, and the errors that name them.
 
-Values are read as YAML (``[0,1]``, ``{target: 8}``, ``"a,b"``, ``null``), as omegaconf's
-``from_dotlist`` reads them; hydra's ``+key=value`` (add a key to a dict option such as
-``manual``) and ``++key=value`` are taken too. omegaconf checks keys and types, the config
-dataclasses' ``__post_init__`` the values; either way the message names the key: a check in a
-nested group (``actor.optimizer``) gets the group's key, an unknown key the closest known one.
+hydra's grammar (``key=value``, ``+key=value`` to add a key to a dict option such as ``manual``,
+``++key=value``, ``~key``, quoted strings, ``[lists]``, ``{dicts}``, ``${interpolations}``, and
+``a,b`` for a sweep under ``--multirun``) with two courtesies: a ``=`` inside a value needs no
+backslash (``prerequisite_overrides=[model.path=/x]``), and outside ``--multirun`` a value with
+commas that is not a list (``allocation_mode=actor:d2,*:d1``) is the text itself, as hydra's own
+message suggests (quoting it). omegaconf (through hydra's compose) checks keys and types, the
+config dataclasses' ``__post_init__`` the values; either way the message names the key: a check
+in a nested group (``actor.optimizer``) gets the group's key, an unknown key the closest known one.
 """
 
 from __future__ import annotations
@@ -18,79 +21,73 @@ from typing import Any
 
 from realrl.apps.errors import UserError, one_line
 
-_KEY = re.compile(r"[\w-]+(\.[\w-]+)*")  # what omegaconf takes as a plain dotted key
+
+def parse_override(override: str) -> Any:
+    """``override`` as hydra reads it (a ``hydra.core.override_parser.types.Override``), or a
+    ``UserError`` that names it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    key, sep, value = override.partition("=")
+    if not sep and not override.startswith("~"):
+        raise UserError(f"{override!r} is not key=value (e.g. seed=3; run with --help for the keys)")
+    if sep and not key.lstrip("+~").strip():
+        raise UserError(f"{override!r} has no key before '='")
+    try:
+        return parser.parse_overrides([override])[0]
+    except OverrideParseException as e:
+        problem = re.sub(r"^Error parsing override '.*' ", "", one_line(e.message).split(" See https://")[0])
+    if "=" in value:  # the unescaped '=' of a value: hydra wants it as '\\='
+        try:
+            return parser.parse_overrides([key + "=" + value.replace("=", "\\=")])[0]
+        except OverrideParseException:
+            pass
+    bare = key.lstrip("+~")
+    if not re.fullmatch(r"[\w-]+(\.[\w-]+)*", bare):
+        raise UserError(
+            f"{override!r}: {bare!r} is not a key; keys are names joined by '.' (actor.optimizer.lr)"
+        )
+    raise UserError(
+        f"{override}: cannot read the value ({problem}); quote text with special characters: '{bare}=\"...\"'"
+    )
+
+
+def parse_overrides(overrides: list[str], multirun: bool = False) -> list[Any]:
+    """Every override parsed; outside ``multirun`` a plain ``a,b`` value is the text ``'a,b'``."""
+    out = []
+    for o in overrides:
+        parsed = parse_override(o)
+        if parsed.is_sweep_override() and not multirun:
+            parsed = _as_text(parsed)
+        out.append(parsed)
+    return out
+
+
+def _as_text(override: Any) -> Any:
+    """A sweep outside ``--multirun``: the text as typed when it is a plain ``a,b`` list, the
+    advice of hydra's own message otherwise."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Quote, QuotedString
+
+    if override.is_choice_sweep() and override.value().simple_form:
+        text = QuotedString(text=override.get_value_string().strip(), quote=Quote.single).with_quotes()
+        return OverridesParser.create().parse_overrides([f"{override.get_key_element()}={text}"])[0]
+    raise UserError(
+        f"{override.input_line}: a sweep runs with --multirun; to give it as text, quote it: "
+        f"'{override.key_or_group}=\"...\"'"
+    )
 
 
 def override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
+    """The dotted key an override sets (``+manual.actor=[0]`` -> ``manual.actor``)."""
+    return parse_override(override).key_or_group
 
 
-def _strip_add(override: str) -> str:
-    """hydra's ``+key=v`` / ``++key=v``: the dotlist merge adds dict keys by itself."""
-    return override.lstrip("+") if override.startswith("+") else override
-
-
-def check_syntax(overrides: list[str]) -> None:
-    """Every override is ``key=value`` with a key (``~key`` deletion is not supported)."""
-    for o in overrides:
-        if o.startswith("~"):
-            raise UserError(f"{o!r}: removing an option is not supported; set it to a value or null")
-        if "=" not in o:
-            raise UserError(f"{o!r} is not key=value (e.g. seed=3; run with --help for the keys)")
-        key = override_key(o)
-        if not key.strip():
-            raise UserError(f"{o!r} has no key before '='")
-        if not _KEY.fullmatch(key):
-            raise UserError(f"{o!r}: {key!r} is not a key; keys are names joined by '.' (actor.optimizer.lr)")
-
-
-def parse_values(overrides: list[str]) -> Any:
-    """The overrides as one omegaconf node (values parsed as YAML), or the override that fails."""
-    import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    check_syntax(overrides)
-    values = OmegaConf.create({})
-    for o in overrides:
-        try:
-            values.merge_with_dotlist([_strip_add(o)])
-        except yaml.YAMLError as e:
-            problem = getattr(e, "problem", None) or one_line(str(e))
-            raise UserError(
-                f"{o}: cannot read the value ({problem}); quote text with special characters: "
-                f"'{override_key(o)}=\"...\"'"
-            ) from e
-        except OmegaConfBaseException as e:
-            raise UserError(f"{o}: {one_line(str(e))}") from e
-    return values
-
-
-def merge(config_cls: type, dotlist: list[str], user: list[str]) -> Any:
-    """The structured config of ``config_cls`` with ``dotlist`` merged in (not yet resolved)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    values = parse_values(dotlist)
-    try:
-        return OmegaConf.merge(OmegaConf.structured(config_cls), values)
-    except OmegaConfBaseException as e:
-        full_key = str(getattr(e, "full_key", "") or "")
-        culprit = _matching_override(full_key, user) if full_key else _failing_override(config_cls, user)
-        raise UserError(_omegaconf_message(e, config_cls, culprit)) from e
-
-
-def _failing_override(config_cls: type, user: list[str]) -> str | None:
-    """The first of the user's overrides that cannot be merged alone (omegaconf did not say)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    for o in user:
-        try:
-            OmegaConf.merge(OmegaConf.structured(config_cls), parse_values([o]))
-        except OmegaConfBaseException:
-            return o
-    return None
+def command_line_form(overrides: list[Any]) -> list[str]:
+    """Parsed overrides as strings hydra's compose reads the same way (the escaped or quoted form
+    when ``parse_override`` had to write one)."""
+    return [o.input_line for o in overrides]
 
 
 def to_object(node: Any, user: list[str]) -> Any:
@@ -103,7 +100,9 @@ def to_object(node: Any, user: list[str]) -> Any:
     except OmegaConfBaseException as e:
         full_key = str(getattr(e, "full_key", "") or "")
         culprit = _matching_override(full_key, user) or _interpolating_override(str(e), user)
-        raise UserError(_omegaconf_message(e, OmegaConf.get_type(node), culprit or full_key)) from e
+        raise UserError(
+            omegaconf_message(str(e), full_key, OmegaConf.get_type(node), culprit or full_key)
+        ) from e
     except (ValueError, TypeError, LookupError) as e:
         raise UserError(_located(node, e)) from e
     check_numbers(cfg)
@@ -131,11 +130,10 @@ def _refs(override: str) -> list[str]:
     return re.findall(r"\$\{([^}]*)\}", override.partition("=")[2])
 
 
-def _omegaconf_message(e: Exception, config_cls: type | None, where: str | None) -> str:
-    """omegaconf's first line led by ``where`` (the override at fault, else the key omegaconf
-    names), and for an unknown key its closest match."""
-    full_key = str(getattr(e, "full_key", "") or "")
-    message = one_line(str(e))
+def omegaconf_message(message: str, full_key: str, config_cls: type | None, where: str | None) -> str:
+    """omegaconf's first line (of ``message``, about ``full_key``) led by ``where`` (the override
+    at fault, else the key omegaconf names), and for an unknown key its closest match."""
+    message = one_line(message)
     if "not in" in message or "is not in struct" in message:
         # omegaconf >= 2.4 suggests the field's short name itself; ours names the whole key
         message = re.sub(r"\.? ?Did you mean: .*$", "", message) + _suggestion(full_key, config_cls)

@@ -1,11 +1,13 @@
 """The command line: ``python -m realrl.apps.quickstart <experiment> key=value ...``.
 
-Experiments are structured configs (dataclasses read by omegaconf, with hydra's ``key=value``
-and ``+key=value``) registered with ``register_quickstart_exp``. Every override is checked
-(unknown keys, wrong types, values outside their choices) before any worker starts. With no
-dataset path the experiment runs on the embedded toy task: its preset overrides
-come first, so anything on the command line still wins, and the phases it builds on (SFT, reward
-model) run first unless their checkpoints are already under ``fileroot``.
+Experiments are structured configs (dataclasses registered with ``register_quickstart_exp``
+and stored in hydra's ``ConfigStore``) composed by hydra's compose API with hydra's override
+grammar, optionally over a YAML file (``--config-path DIR --config-name NAME``);
+``--multirun`` sweeps (``realrl.apps.sweep``). Every override is checked (unknown keys, wrong
+types, values outside their choices) before any worker starts. With no dataset path the
+experiment runs on the embedded toy task: its preset overrides come first, so anything in the
+file or on the command line still wins, and the phases it builds on (SFT, reward model) run
+first unless their checkpoints are already under ``fileroot`` (``realrl.apps.configs``).
 
 A mistake in the options or the input (``realrl.apps.errors``) is one ``error:`` line naming the
 key, or the data file and line, and exit status 2, before any worker starts where it can be
@@ -16,6 +18,7 @@ found then (``debug=true`` adds the traceback). Ctrl-C and SIGTERM stop the run 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import traceback
 from typing import Any
@@ -30,7 +33,7 @@ from realrl.apps.errors import (
     one_line,
     wants_traceback,
 )
-from realrl.apps.overrides import override_key, to_object
+from realrl.apps.overrides import parse_override, to_object
 from realrl.apps.signals import exit_code, interrupted_message, stop_on_signals
 from realrl.base import logging
 from realrl.system.standby import StandbyWorkers
@@ -44,12 +47,39 @@ MAX_STANDBY = 64  # standby processes start before any option is checked: a typo
 @dataclasses.dataclass(frozen=True)
 class Command:
     """What a command line asks for: print ``text`` (help, ``--cfg job``), or run ``config``
-    (``phases``: it and the phases it builds on, once ``prepare`` has checked them)."""
+    (``phases``: it and the phases it builds on, once ``prepare`` has checked them), or, for
+    ``--multirun``, run each of ``runs`` in turn."""
 
     name: str = ""
     config: Any = None
     text: str = ""
     phases: tuple = ()
+    runs: tuple = ()  # --multirun: one Command per combination, each with its config
+
+
+@dataclasses.dataclass
+class Flags:
+    """The ``--`` flags of a command line (hydra's spelling)."""
+
+    help: bool = False
+    cfg: bool = False
+    multirun: bool = False
+    config_path: str | None = None
+    config_name: str | None = None
+
+    def config_file(self) -> Any:
+        """The YAML file ``--config-path/--config-name`` name (None: none)."""
+        from realrl.apps.configs import ConfigFile
+
+        if self.config_name is None:
+            if self.config_path is not None:
+                raise UserError(f"--config-path {self.config_path}: name the file with --config-name NAME")
+            return None
+        name = self.config_name.removesuffix(".yaml")
+        path = self.config_path
+        if path is None:  # --config-name dir/name.yaml alone
+            path, name = os.path.dirname(name) or ".", os.path.basename(name)
+        return ConfigFile(path, name)
 
 
 def prepare(argv: list[str]) -> Command:
@@ -59,6 +89,9 @@ def prepare(argv: list[str]) -> Command:
     from realrl.apps.run import plan_phases  # heavy: imported once the standby workers started
 
     command = parse_command(argv)
+    if command.runs:
+        runs = [dataclasses.replace(r, phases=tuple(plan_phases(r.name, r.config))) for r in command.runs]
+        return dataclasses.replace(command, runs=tuple(runs))
     if command.config is None:
         return command
     return dataclasses.replace(command, phases=tuple(plan_phases(command.name, command.config)))
@@ -78,30 +111,64 @@ def parse_command(argv: list[str]) -> Command:
     if name.startswith("-") or "=" in name:
         raise UserError(f"{name!r}: the experiment comes first, one of {quickstart_experiments()}")
     overrides, flags = _split_flags(rest)
-    node, user = config_node(name, overrides)
-    if "help" in flags:
+    config_file = flags.config_file()
+    if flags.multirun and not flags.help:
+        return _sweep(name, overrides, config_file, flags.cfg)
+    node, user = config_node(name, overrides, config_file)
+    if flags.help:
         return Command(name, text=experiment_help(name, OmegaConf.to_yaml(node)))
     config = to_object(node, user)
-    if "cfg" in flags:
+    if flags.cfg:
         return Command(name, text=OmegaConf.to_yaml(node))
     return Command(name, config)
 
 
-def _split_flags(args: list[str]) -> tuple[list[str], set[str]]:
-    """(the key=value overrides, the flags: 'help' and 'cfg' for ``--cfg job``)."""
+def _sweep(name: str, overrides: list[str], config_file: Any, cfg: bool) -> Command:
+    """``--multirun``: every combination's config, checked before the first run starts."""
+    from omegaconf import OmegaConf
+
+    from realrl.apps.configs import config_node
+    from realrl.apps.sweep import check_distinct, expand
+
+    runs, texts = [], []
+    for combination in expand(overrides):
+        node, user = config_node(name, combination.overrides, config_file, combination.label)
+        config = to_object(node, user)
+        runs.append(Command(name, config))
+        texts.append(f"# {config.trial_name}: {' '.join(combination.overrides)}\n{OmegaConf.to_yaml(node)}")
+    check_distinct([r.config.run_dir for r in runs], [r.config.trial_name for r in runs])
+    if cfg:
+        return Command(name, text="\n".join(texts))
+    return Command(name, runs=tuple(runs))
+
+
+def _split_flags(args: list[str]) -> tuple[list[str], Flags]:
+    """(the key=value overrides, the flags)."""
     overrides: list[str] = []
-    flags: set[str] = set()
+    flags = Flags()
     it = iter(args)
     for arg in it:
+        flag, eq, inline = arg.partition("=")
         if arg in HELP_FLAGS[:2]:
-            flags.add("help")
-        elif arg in ("--cfg", "-c", "--cfg=job"):
-            value = "job" if arg == "--cfg=job" else next(it, "")
+            flags.help = True
+        elif flag in ("--cfg", "-c"):
+            value = inline if eq else next(it, "")
             if value != "job":
                 raise UserError(f"{arg} {value}: only '--cfg job' (print the resolved config) is supported")
-            flags.add("cfg")
+            flags.cfg = True
+        elif arg in ("--multirun", "-m"):
+            flags.multirun = True
+        elif flag in ("--config-path", "-cp", "--config-name", "-cn"):
+            value = inline if eq else next(it, "")
+            if not value or value.startswith("-"):
+                raise UserError(f"{flag} needs a value (--config-path DIR --config-name NAME)")
+            field = "config_path" if flag in ("--config-path", "-cp") else "config_name"
+            setattr(flags, field, value)
         elif arg.startswith("-"):
-            raise UserError(f"unknown flag {arg!r}; the flags are --help and --cfg job")
+            raise UserError(
+                f"unknown flag {arg!r}; the flags are --help, --cfg job, --multirun, "
+                "--config-path DIR and --config-name NAME"
+            )
         else:
             overrides.append(arg)
     return overrides, flags
@@ -110,10 +177,12 @@ def _split_flags(args: list[str]) -> tuple[list[str], set[str]]:
 def experiment_help(name: str, options: str) -> str:
     return "\n".join(
         [
-            f"usage: python -m realrl.apps.quickstart {name} [key=value ...] [--cfg job]",
+            f"usage: python -m realrl.apps.quickstart {name} [key=value ...] [--cfg job] [--multirun]",
+            "           [--config-path DIR --config-name NAME]",
             "",
-            "Every option, with its value for these arguments (set any with key=value; hydra's",
-            "+key=value adds a key to a dict option such as manual):",
+            "Every option, with its value for these arguments (set any with key=value, or in a YAML",
+            "file with --config-path/--config-name; hydra's +key=value adds a key to a dict option",
+            "such as manual):",
             "",
             options,
         ]
@@ -130,6 +199,7 @@ def _is_group(field: dataclasses.Field) -> bool:
 def usage() -> str:
     lines = [
         "usage: python -m realrl.apps.quickstart <experiment> [key=value ...] [--cfg job] [--help]",
+        "           [--config-path DIR --config-name NAME] [--multirun]",
         "",
         "experiments:",
     ]
@@ -146,6 +216,13 @@ def usage() -> str:
         "'--cfg job' prints the resolved config. ppo_preset=<name> applies a preset (real,",
         "lm_human_preferences, grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, remax); task=arith runs",
         "on the embedded arithmetic task instead of the default sentiment one.",
+        "",
+        "--config-path DIR --config-name NAME  read DIR/NAME.yaml (the experiment's keys, nested, with a",
+        "                                      defaults: list); key=value on the command line beats it",
+        "--multirun (-m)                       sweep: seed=1,2 'ppo.kl_ctl=0.05,0.1' runs every combination",
+        "                                      in turn, each in a trial folder named after its values, and",
+        "                                      prints a table of their summaries; quote a value with a",
+        "                                      comma that is not a sweep: 'allocation_mode=\"actor:d2,*:d1\"'",
     ]
     return "\n".join(lines)
 
@@ -157,13 +234,28 @@ def standby_count(argv: list[str]) -> int:
     that runs nothing (help, ``--cfg``) none."""
     if not argv or argv[0] in ("-h", "--help", "help") or any(a.startswith("-") for a in argv[1:]):
         return 0
-    values = {override_key(o): o.split("=", 1)[1] for o in argv[1:] if "=" in o}
-    asked = values.get("standby_workers", "null")
-    if asked.isdigit():  # anything else is left to the config's own check (or means the default)
-        return min(int(asked), MAX_STANDBY)
+    values = _values(argv[1:])
+    asked = values.get("standby_workers")
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+        return min(asked, MAX_STANDBY)  # anything else is left to the config's own check (or the default)
     if values.get("mode", "local") != "local":
         return 0
-    return min(_workers_used(values.get("allocation_mode", "d1").strip().strip("\"'")), MAX_STANDBY)
+    return min(_workers_used(str(values.get("allocation_mode", "d1"))), MAX_STANDBY)
+
+
+def _values(overrides: list[str]) -> dict[str, Any]:
+    """key -> value of the overrides hydra's parser reads (the others are checked later)."""
+    values = {}
+    for o in overrides:
+        try:
+            parsed = parse_override(o)
+        except UserError:
+            continue
+        if not parsed.is_sweep_override():
+            values[parsed.key_or_group] = parsed.value()
+        elif parsed.is_choice_sweep() and parsed.value().simple_form:  # its text, outside --multirun
+            values[parsed.key_or_group] = parsed.get_value_string().strip().strip("\"'")
+    return values
 
 
 def _workers_used(allocation_mode: str) -> int:
@@ -228,13 +320,30 @@ def _failure_status(e: Exception, debug: bool) -> int | None:
 
 
 def _main(argv: list[str], standby: StandbyWorkers | None) -> None:
+    from realrl.apps.run import run_quickstart
+
     command = prepare(argv)
+    if command.runs:
+        _run_sweep(command, standby)
+        return
     if command.config is None:
         print(command.text)
         return
-    from realrl.apps.run import run_quickstart
-
     run_quickstart(command.name, command.config, standby, list(command.phases))
+
+
+def _run_sweep(command: Command, standby: StandbyWorkers | None) -> None:
+    """Each run in turn (a later one planned again: earlier ones may have made the checkpoints
+    it builds on), then the table of their summaries."""
+    from realrl.apps.run import run_quickstart
+    from realrl.apps.sweep import summary_table
+
+    done = []
+    for i, run in enumerate(command.runs):
+        logger.info("sweep: run %d of %d, trial %s", i + 1, len(command.runs), run.config.trial_name)
+        summary = run_quickstart(run.name, run.config, standby, list(run.phases) if i == 0 else None)
+        done.append((run.config.trial_name, summary))
+    print(summary_table(done))
 
 
 if __name__ == "__main__":
