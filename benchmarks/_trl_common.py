@@ -16,6 +16,10 @@ import time
 TRIAL = "bench"
 
 
+# what ``--smoke`` shrinks (the GRPO batch stays a whole number of groups per minibatch)
+SMOKE_BATCHES = {"rw_pairs": 8, "grpo_prompts": 4, "ppo_epochs": 2}
+
+
 @dataclasses.dataclass
 class BenchSpec:
     """What both sides share: data, model, batch sizes, lengths, optimiser, number of steps."""
@@ -49,6 +53,12 @@ class BenchSpec:
     # realrl's model workers (allocation d<workers>: every model data-parallel over them, the
     # batch split between them); TRL runs one process
     workers: int = 1
+
+    @classmethod
+    def sized(cls, fileroot: str, smoke: bool = False, **fields) -> BenchSpec:
+        """The settings on ``fileroot``; with ``smoke`` (a benchmark's ``--smoke``), batches of a
+        few sequences and 2 GRPO epochs: every part of a step still runs, in a fraction of a second."""
+        return cls(fileroot=fileroot, **{**(SMOKE_BATCHES if smoke else {}), **fields})
 
     @property
     def bench_dir(self) -> str:

@@ -58,14 +58,16 @@ def rm_accuracy(side: str, checkpoint: str, spec: BenchSpec, paths: dict[str, st
 
 
 def policy_true_reward(checkpoint: str, spec: BenchSpec, paths: dict[str, str]) -> tuple[float, float]:
-    """Mean and std of the hidden true reward of samples on held-out prompts (temperature 1)."""
+    """Mean and std of the hidden true reward of samples on held-out prompts (temperature 1),
+    scored by the same checker realrl's own toy evaluation uses (``true_reward_scorer``)."""
     from realrl.api.core.model_api import GenerationHyperparameters
-    from realrl.experiments.toy_eval import evaluate_policy
+    from realrl.experiments.toy_eval import evaluate_policy, true_reward_scorer
 
     gconfig = GenerationHyperparameters(
         max_new_tokens=spec.max_new_tokens, top_p=1.0, top_k=0, temperature=1.0
     )
+    score = true_reward_scorer()
     ev = evaluate_policy(
-        checkpoint, None, paths["tokenizer"], paths["ppo_valid"], gconfig, spec.eval_prompts, spec.seed
+        checkpoint, None, paths["tokenizer"], paths["ppo_valid"], gconfig, score, spec.eval_prompts, spec.seed
     )
-    return ev.true_reward_mean, ev.true_reward_std
+    return ev.reward_mean, ev.reward_std

@@ -2,6 +2,7 @@
 without the runtime, next to the equivalent padded HF step, plus a cProfile of realrl's step.
 
     python benchmarks/_trl_profile.py [--fileroot DIR] [--iters 6] [--top 25]
+    python benchmarks/_trl_profile.py --smoke   # 8 pairs, 1 timed step: seconds
 
 Compare with the step times of ``bench_vs_trl.py``: run step - in-process step = runtime overhead
 (master round trips, data transfer, stats); in-process realrl step vs HF step = engine + model.
@@ -20,6 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 from _trl_common import BenchSpec, prepare  # noqa: E402
 
 
@@ -91,7 +93,7 @@ def hf_rw_step(spec: BenchSpec, paths: dict[str, str], batch):
     return step
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -99,10 +101,10 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=6)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    args = parser.parse_args()
+    args = parse_args(parser, argv, iters=1, top=5, threads=1)
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = BenchSpec(fileroot=args.fileroot)
+    spec = BenchSpec.sized(args.fileroot, args.smoke)
     paths = prepare(spec)
     real_step, batch = realrl_rw_step(spec, paths)
     hf_step = hf_rw_step(spec, paths, batch)

@@ -4,6 +4,7 @@ CPU time of this process, medians. Answers "what is the most a faster X could sa
 profiler's per-op overhead, which inflates small ops several-fold on this kind of step.
 
     python benchmarks/ablate_train_step.py [--task rw|grpo] [--iters 20]
+    python benchmarks/ablate_train_step.py --smoke [--task grpo]   # a few sequences, 1 timed step
 
 rw: ``paired_rw.train_step`` on 64 pairs of the toy RM data (what ``bench_vs_trl.py`` times);
 grpo: one of GRPO's 16 updates (64 sequences, 16 prompts x 4 answers) after a real generation.
@@ -24,6 +25,7 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 from _trl_common import BenchSpec, prepare  # noqa: E402
 
 
@@ -130,12 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", choices=("rw", "grpo"), default="rw")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, iters=1)
     torch.set_num_threads(1)
     from realrl.base.host_memory import retain_freed_memory
 
     retain_freed_memory()  # as the model workers do
-    spec = BenchSpec(fileroot=args.fileroot)
+    spec = BenchSpec.sized(args.fileroot, args.smoke)
     paths = prepare(spec)
     step = rw_step(spec, paths) if args.task == "rw" else grpo_update(spec, paths)
     variants = stand_ins()

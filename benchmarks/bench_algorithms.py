@@ -4,6 +4,7 @@ time of the RL phase (the SFT and reward-model phases run once per seed and are 
 
     python benchmarks/bench_algorithms.py --seeds 1 2 3                 # the sentiment task
     python benchmarks/bench_algorithms.py --task arith --seeds 1 2 3    # the arithmetic task
+    python benchmarks/bench_algorithms.py --smoke [--task arith]        # seed 1, two algorithms, 2 steps
 
 Sentiment: the true reward (positive minus negative words, -2 without a final '.'). Arithmetic:
 exact-match accuracy, greedy, on the held-out problems.
@@ -19,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _smoke import SHORT_RUN, parse_args
 
 from realrl.experiments.tasks.arith import MAX_NEW_TOKENS
 
@@ -42,6 +45,9 @@ ARITH_RUNS = [
         ["grpo", "task=arith", "ppo_preset=dapo", "dynamic_sampling.enabled=false"],
     ),
 ]
+# --smoke: a plain run and a preset's (on arith without dynamic sampling, which keeps no group of a
+# 2-step SFT policy: it answers none right)
+SMOKE_LABELS = {"sentiment": ["grpo", "dapo"], "arith": ["grpo", "dapo_without_dynamic_sampling"]}
 # a preset's own sampling (256 tokens, top-p 0.9, 4 answers) is not the task's: keep the task's
 TASK_SAMPLING = {
     "sentiment": ["ppo.gen.max_new_tokens=13", "ppo.gen.top_p=1.0", "ppo.gen.top_k=0", "ppo.gen.n=4"],
@@ -54,7 +60,7 @@ TASK_SAMPLING = {
 }
 
 
-def run(label: str, args: list[str], seed: int, fileroot: str, task: str) -> dict:
+def run(label: str, args: list[str], seed: int, fileroot: str, task: str, overrides: list[str]) -> dict:
     extra = TASK_SAMPLING[task] if any(a.startswith("ppo_preset=") for a in args) else []
     trial = f"{label}-seed{seed}"
     cmd = [
@@ -65,6 +71,7 @@ def run(label: str, args: list[str], seed: int, fileroot: str, task: str) -> dic
         f"fileroot={fileroot}",
         f"seed={seed}",
         *extra,
+        *overrides,
     ]
     cmd.append(f"experiment_name={label}")
     start = time.time()
@@ -89,7 +96,7 @@ def run(label: str, args: list[str], seed: int, fileroot: str, task: str) -> dic
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -97,7 +104,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--only", nargs="*", help="labels to run (default: all)")
     parser.add_argument("--fileroot", default=None, help="default: a fresh temporary folder")
-    args = parser.parse_args()
+    parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
+    args = parse_args(parser, argv, seeds=[1])
+    if args.smoke:
+        args.only = args.only or SMOKE_LABELS[args.task]
+        args.extra = [*SHORT_RUN, *args.extra]
     fileroot = args.fileroot or tempfile.mkdtemp(prefix="realrl-bench-algorithms-")
     os.makedirs(fileroot, exist_ok=True)
     runs = SENTIMENT_RUNS if args.task == "sentiment" else ARITH_RUNS
@@ -110,7 +121,7 @@ def main() -> None:
     rows = []
     for label, cli in runs:
         for seed in args.seeds:
-            r = run(label, cli, seed, fileroot, args.task)
+            r = run(label, cli, seed, fileroot, args.task, args.extra)
             rows.append(r)
             print(
                 json.dumps(

@@ -5,6 +5,7 @@ step and a GRPO update. Each variant in turn, interleaved, CPU time of this proc
 and the median of the per-round ratios (the steadier figure on a drifting machine).
 
     python benchmarks/bench_cpu_kernels.py [--rounds 12] [--threads 1]
+    python benchmarks/bench_cpu_kernels.py --smoke   # a few sequences, 1 timed round: seconds
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 from _trl_common import BenchSpec, prepare  # noqa: E402
 from ablate_train_step import grpo_pieces, rw_step  # noqa: E402
 
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, rounds=1)
     torch.set_num_threads(args.threads)
     from realrl.base.host_memory import retain_freed_memory
     from realrl.impl.model import kernels
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     if not kernels.available("varlen_attention"):
         sys.exit("the C kernels are not available here (no C compiler builds them)")
     retain_freed_memory()  # as the model workers do
-    spec = BenchSpec(fileroot=args.fileroot)
+    spec = BenchSpec.sized(args.fileroot, args.smoke)
     paths = prepare(spec)
     pieces = grpo_pieces(spec, paths)
     model, iface = pieces["model"], pieces["interface"]
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"CPU time, medians of {args.rounds} interleaved rounds, {args.threads} thread(s)")
     report("attention", times, phases, "sdpa", "cpu_varlen")
 
-    norm_phases = {"RM step (64 pairs)": rw_step(spec, paths), "GRPO update": pieces["update"]}
+    norm_phases = {f"RM step ({spec.rw_pairs} pairs)": rw_step(spec, paths), "GRPO update": pieces["update"]}
     norms = {
         "torch": lambda: kernels.torch_only("rms_norm"),
         "C": contextlib.nullcontext,

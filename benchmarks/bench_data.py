@@ -7,6 +7,7 @@ times each registered dataset reading its JSONL file end to end (read, shard, to
 pays to batch ``n`` items (the model worker gathers a batch per step).
 
     python benchmarks/bench_data.py [--root /tmp/realrl_bench_data] [--repeats 3] [--threads 2]
+    python benchmarks/bench_data.py --smoke   # the first 200 rows of each file, once: seconds
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 import time
 
 import torch
+from _smoke import parse_args
 
 import realrl.impl  # noqa: F401  (registers the datasets)
 from realrl.api.core.config import DatasetAbstraction
@@ -34,6 +36,24 @@ def best_time(fn, repeats: int) -> tuple[float, float, object]:
     return best[0], best[1], out
 
 
+def first_rows(paths: dict[str, str], root: str, n: int) -> dict[str, str]:
+    """Copies of the task's JSON-lines files holding their first ``n`` rows (the tokenizer as is)."""
+    folder = os.path.join(root, f"first{n}")
+    os.makedirs(folder, exist_ok=True)
+    out = {}
+    for key, path in paths.items():
+        if not path.endswith(".jsonl"):
+            out[key] = path
+            continue
+        out[key] = os.path.join(folder, f"{key}.jsonl")
+        with open(path) as src, open(out[key], "w") as dst:
+            for i, line in enumerate(src):
+                if i >= n:
+                    break
+                dst.write(line)
+    return out
+
+
 def dschat_source(paths: dict[str, str], root: str) -> str:
     """A ``local/jsonfile`` copy of the toy RM rows (train.json / eval.json, JSON lines)."""
     folder = os.path.join(root, "dschat_local")
@@ -44,18 +64,23 @@ def dschat_source(paths: dict[str, str], root: str) -> str:
     return folder
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default="/tmp/realrl_bench_data")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    ap.add_argument("--max-rows", type=int, default=None, help="read only each file's first N rows")
+    args = parse_args(ap, argv, repeats=1, max_rows=200)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))  # the Rust tokenizer's batch threads
 
     paths = SENTIMENT.files(args.root, 1)
+    root = args.root
+    if args.max_rows is not None:
+        paths = first_rows(paths, args.root, args.max_rows)
+        root = os.path.dirname(paths["sft_train"])
     tokenizer = load_hf_tokenizer(paths["tokenizer"])
-    local = dschat_source(paths, args.root)
+    local = dschat_source(paths, root)
     cases = [
         ("prompt_answer", {"dataset_path": paths["sft_train"], "max_length": 1024}),
         ("rw_paired", {"dataset_path": paths["rm_train"], "max_length": 1024, "margin_key": None}),
@@ -83,7 +108,7 @@ def main() -> None:
     print(f"\n{'gather':<26} {'wall s':>8} {'items/s':>9}")
     for name in ("prompt_answer", "rw_paired"):
         ds = items[name]
-        for n in (64, 1024, len(ds)):
+        for n in sorted({min(n, len(ds)) for n in (64, 1024, len(ds))}):
             samples = [ds[i] for i in range(n)]
             secs, _, _ = best_time(lambda samples=samples: SequenceSample.gather(samples), args.repeats)
             print(f"{f'{name} x{n}':<26} {secs:>8.4f} {n / secs:>9.0f}")

@@ -5,11 +5,13 @@ A watcher thread polls the victim process (psutil, every 10 ms) and records the 
 which includes stopping every other worker. Runs the PPO-shaped mock graph of the runtime tests
 (actor data parallel over workers 0 and 1, critic on 1, reward on 0) in local mode.
 
-    python benchmarks/bench_faults.py
+    python benchmarks/bench_faults.py [--cases 0:setup 0:train@2] [--signals SIGTERM] [--fileroot DIR]
+    python benchmarks/bench_faults.py --smoke   # 2 failpoints (a kill, a stop) and 2 signals
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import pickle
@@ -26,6 +28,7 @@ import psutil
 SYSTEM_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "system")
 sys.path.insert(0, SYSTEM_TESTS)
 
+from _smoke import parse_args  # noqa: E402
 from system_graphs import mock_config, single_call_config, wait_all_exited, worker_pids  # noqa: E402
 
 from realrl.api.core.config import ModelInterfaceAbstraction  # noqa: E402
@@ -44,6 +47,12 @@ CASES = [
     "0:save",
     "1:generate@1:stop",
 ]
+# a signal sent to ``python -m realrl.apps.main``: (signal, started as a shell's background job)
+SIGNALS = {
+    "SIGINT": (signal.SIGINT, False),
+    "SIGINT:bg": (signal.SIGINT, True),
+    "SIGTERM": (signal.SIGTERM, False),
+}
 
 
 def watch(run_dir: str, victim: str, seen: list[float], stop: threading.Event) -> None:
@@ -111,6 +120,8 @@ def signal_case(root: str, signum: signal.Signals, background: bool) -> tuple[fl
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         target = psutil.Process(proc.pid)
     while not os.path.exists(os.path.join(cfg.run_dir, "stats.jsonl")):
+        if proc.poll() is not None:
+            raise SystemExit(f"{trial}: the run exited ({proc.returncode}) before its first step")
         time.sleep(0.1)
     pids = worker_pids(cfg)
     tik = time.monotonic()
@@ -119,19 +130,32 @@ def signal_case(root: str, signum: signal.Signals, background: bool) -> tuple[fl
     return time.monotonic() - tik, code, not wait_all_exited(pids.values())
 
 
-def main() -> None:
-    root = tempfile.mkdtemp(prefix="realrl-faults-")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cases", nargs="*", default=CASES, help="failpoints to time (default: all)")
+    parser.add_argument(
+        "--signals", nargs="*", choices=sorted(SIGNALS), default=list(SIGNALS), help="default: all"
+    )
+    parser.add_argument("--fileroot", default=None, help="default: a fresh temporary folder")
+    args = parse_args(
+        parser, argv, cases=["0:train@2", "1:generate@1:stop"], signals=["SIGINT:bg", "SIGTERM"]
+    )
+    root = args.fileroot or tempfile.mkdtemp(prefix="realrl-faults-")
+    os.makedirs(root, exist_ok=True)
     print(
         f"# bench_faults.py, {datetime.date.today()}, {os.cpu_count()} CPU cores; heartbeat limit {TIMEOUTS.heartbeat} s"
     )
     print("| failpoint | seconds from the fault to the run's error | no process left | error |")
     print("|---|---|---|---|")
-    for failpoint in CASES:
+    for failpoint in args.cases:
         seconds, error, clean = run_case(root, failpoint)
         print(f"| `{failpoint}` | {seconds:.2f} | {'yes' if clean else 'NO'} | {error} |", flush=True)
     print("\n| signal to the command line | seconds to its exit | exit code | no process left |")
     print("|---|---|---|---|")
-    for signum, background in [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)]:
+    for name in args.signals:
+        signum, background = SIGNALS[name]
         seconds, code, clean = signal_case(root, signum, background)
         how = f"{signum.name}{' (started as `bash -c ... & wait`, SIGINT inherited ignored)' if background else ''}"
         print(f"| {how} | {seconds:.2f} | {code} | {'yes' if clean else 'NO'} |", flush=True)

@@ -7,6 +7,7 @@ GPU (ReaLModel picks its CUDA varlen kernel, transformers its sdpa on the padded
 ``--n-seqs/--min-len/--max-len`` set the batch.
 
     python benchmarks/bench_forward.py [--repeats 3] [--device cuda --size 1b --max-len 1024]
+    python benchmarks/bench_forward.py --smoke   # a ~0.2M-parameter model, 4 short sequences: seconds
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ import time
 
 import torch
 import transformers
+from _smoke import parse_args
 
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
 
 SIZES = {
+    "micro": dict(  # what --smoke runs: seconds on a CPU
+        n_layers=2,
+        n_q_heads=4,
+        n_kv_heads=2,
+        hidden_dim=64,
+        intermediate_dim=176,
+        vocab_size=1000,
+        n_positions=512,
+    ),
     "tiny": dict(
         n_layers=6,
         n_q_heads=6,
@@ -44,6 +55,8 @@ SIZES = {
     ),
 }
 CONFIG = SIZES["tiny"]
+# --smoke: the model and batch of the smallest run that still goes through every step
+SMOKE_MODEL = {"size": "micro", "n_seqs": 4, "min_len": 8, "max_len": 16, "repeats": 1}
 
 
 def add_model_args(ap: argparse.ArgumentParser, n: int = 32, lo: int = 16, hi: int = 128) -> None:
@@ -118,11 +131,11 @@ def best_times(fns: list, repeats: int, device: str = "cpu") -> list[tuple[float
     return list(zip(wall, cpu))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2)
     add_model_args(ap)
-    args = ap.parse_args()
+    args = parse_args(ap, argv, **SMOKE_MODEL)
     torch.set_num_threads(2)
     ours, hf = build_models(size=args.size, device=args.device, attn_impl=args.attn_impl)
     ours.train()

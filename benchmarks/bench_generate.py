@@ -12,6 +12,7 @@ responses end at varied lengths, as in RLHF (both sides use the same EOS set).
 
     python benchmarks/bench_generate.py [--max-new 64] [--eos-ids 1]
     python benchmarks/bench_generate.py --device cuda --size 1b --n-seqs 64 --max-new 256 --hf-static
+    python benchmarks/bench_generate.py --smoke   # a ~0.2M-parameter model, 4 prompts, 8 tokens: seconds
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import time
 
 import torch
 from _roofline import kv_bytes_per_token, measured_bandwidth, roofline_tokens_per_s, weight_bytes
-from bench_forward import SIZES, add_model_args, build_models, make_prompts, pad_left, sync
+from _smoke import parse_args
+from bench_forward import SIZES, SMOKE_MODEL, add_model_args, build_models, make_prompts, pad_left, sync
 
 from realrl.api.core.model_api import GenerationHyperparameters
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--eos-ids", type=int, default=1, help="token ids 1..K all end a sequence")
     ap.add_argument("--repeats", type=int, default=2)
@@ -40,8 +42,14 @@ def main() -> None:
     ap.add_argument(
         "--hf-static", action="store_true", help="also transformers with a static cache (compiled on CUDA)"
     )
+    ap.add_argument(
+        "--bandwidth-gib",
+        type=float,
+        default=None,
+        help="size of the buffer copied to measure the bandwidth (default: 1 on CUDA, 0.25 on a CPU)",
+    )
     add_model_args(ap)
-    args = ap.parse_args()
+    args = parse_args(ap, argv, **SMOKE_MODEL, max_new=8, bandwidth_gib=0.01)
     torch.set_num_threads(2)
     on_cuda = torch.device(args.device).type == "cuda"
     decodings = args.decoding or (["eager", "cuda_graph"] if on_cuda else ["eager", "static"])
@@ -120,7 +128,8 @@ def main() -> None:
             best[name] = [max(best[name][0], n / wall), max(best[name][1], n / cpu)]
             lens_of[name] = lens
 
-    bandwidth = measured_bandwidth(args.device, gib=1.0 if on_cuda else 0.25)
+    gib = args.bandwidth_gib or (1.0 if on_cuda else 0.25)
+    bandwidth = measured_bandwidth(args.device, gib=gib)
     weights = weight_bytes(ours)
     cfg = ours.config
     kv = kv_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, ours.dtype)

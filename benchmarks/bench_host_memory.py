@@ -6,6 +6,7 @@ each child times ``--iters`` steps after a warm-up and counts its minor page fau
 children share the machine's drift alike; the medians of the medians are compared.
 
     python benchmarks/bench_host_memory.py [--rounds 4] [--iters 30] [--fileroot DIR]
+    python benchmarks/bench_host_memory.py --smoke   # 8 pairs, 1 round of 2 steps: seconds
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _smoke import parse_args  # noqa: E402
 
 
-def child(mode: str, fileroot: str, iters: int) -> None:
+def child(mode: str, fileroot: str, iters: int, smoke: bool) -> None:
     import resource
     import time
 
@@ -28,13 +32,13 @@ def child(mode: str, fileroot: str, iters: int) -> None:
         from realrl.base.host_memory import retain_freed_memory
 
         assert retain_freed_memory(), "glibc is needed"
-    sys.path.insert(0, HERE)
     import torch
     from _trl_common import BenchSpec, prepare
     from _trl_profile import realrl_rw_step
 
     torch.set_num_threads(1)
-    step, _ = realrl_rw_step(BenchSpec(fileroot=fileroot), prepare(BenchSpec(fileroot=fileroot)))
+    spec = BenchSpec.sized(fileroot, smoke)
+    step, _ = realrl_rw_step(spec, prepare(spec))
     for _ in range(5):
         step()
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -47,7 +51,7 @@ def child(mode: str, fileroot: str, iters: int) -> None:
     print(json.dumps({"step_s": statistics.median(times), "faults_per_step": faults / iters}))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -55,9 +59,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, argv, rounds=1, iters=2)
     if args.child:
-        child(args.child, args.fileroot, args.iters)
+        child(args.child, args.fileroot, args.iters, args.smoke)
         return
     results: dict[str, list[dict]] = {"default": [], "retained": []}
     for r in range(args.rounds):
@@ -71,13 +75,12 @@ def main() -> None:
                 args.fileroot,
                 "--iters",
                 str(args.iters),
+                *(["--smoke"] if args.smoke else []),
             ]
-            out = (
-                subprocess.run(cmd, capture_output=True, text=True, check=True)
-                .stdout.strip()
-                .splitlines()[-1]
-            )
-            results[mode].append(json.loads(out))
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"the {mode} child exited with {done.returncode}:\n{done.stderr[-3000:]}")
+            results[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1} {mode:9s} {results[mode][-1]}", flush=True)
     med = {m: statistics.median(x["step_s"] for x in v) for m, v in results.items()}
     faults = {m: statistics.median(x["faults_per_step"] for x in v) for m, v in results.items()}

@@ -10,6 +10,7 @@ copy's workers to finish their earlier calls) and the bytes each step's realloca
 
     python benchmarks/bench_layouts.py --steps 8
     python benchmarks/bench_layouts.py --candidates d1 'actor_gen:d2m1p1,*:d1m1p1'
+    python benchmarks/bench_layouts.py --smoke   # those two, 3 steps of 8 sequences, short SFT and RM
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 import tempfile
 
 import torch
+from _smoke import SHORT_BATCHES, parse_args
 
 DEFAULT_CANDIDATES = [
     "d1",  # one layout for everything: one worker with every core
@@ -85,7 +87,7 @@ def summarize(candidate: str, records: list[dict]) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -94,8 +96,11 @@ def main() -> None:
     parser.add_argument("--fileroot", default=None, help="default: a fresh temporary folder")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every ppo run")
-    args = parser.parse_args()
+    args = parse_args(parser, argv, steps=3, candidates=["d1", "actor_gen:d2m1p1,*:d1m1p1"])
+    if args.smoke:
+        args.extra = [*SHORT_BATCHES, *args.extra]
     fileroot = args.fileroot or tempfile.mkdtemp(prefix="realrl-layouts-")
+    os.makedirs(fileroot, exist_ok=True)
     print(
         f"# bench_layouts.py, {datetime.date.today()}, {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
         f"torch {torch.__version__}; {args.steps} toy PPO steps per layout; fileroot {fileroot}",

@@ -24,6 +24,7 @@ it takes at most 0.7x of the baseline's time. On a machine with fewer than 4 cor
 processes share them (time-slicing every send and receive); the printed header says so.
 
     python benchmarks/bench_realloc.py [--size small] [--repeats 5] [--json PATH]
+    python benchmarks/bench_realloc.py --smoke   # every pair on the tiny model, 1 timed run: seconds
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _parallel_common import SIZES, init_group, model_config, n_params  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 
 if TYPE_CHECKING:
     from realrl.api.core.layout import Placement
@@ -277,7 +279,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a reallocation may wait on a peer")
     ap.add_argument("--json", metavar="PATH", help="also write the rows and the run's details as JSON")
-    args = ap.parse_args()
+    args = parse_args(ap, None, size="tiny", repeats=1)
     command = "python " + shlex.join(sys.argv)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     cores = os.cpu_count() or 1

@@ -22,6 +22,7 @@ rank, measured after a step's backward (when gradients and optimizer state coexi
 Target (set when FSDP was added): state with FSDP <= 0.55x of a replica at N = 2.
 
     python benchmarks/bench_sharded_memory.py [--size small] [--n-ranks 2] [--steps 4] [--device cpu]
+    python benchmarks/bench_sharded_memory.py --smoke   # the tiny model, 1 timed step: seconds
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _parallel_common import SIZES, batch, init_group, model_config, n_params, n_tokens, token_loss  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 
 LENGTHS = [96, 160, 64, 200, 128, 112]
 
@@ -146,7 +148,7 @@ def mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--n-ranks", type=int, default=2)
@@ -154,7 +156,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--glibc-defaults", action="store_true", help="keep glibc's dynamic mmap threshold")
-    args = ap.parse_args()
+    args = parse_args(ap, argv, size="tiny", steps=1)
     with tempfile.TemporaryDirectory() as out:
         replicated, sharded = run(args, False, out), run(args, True, out)
     params = replicated[0]["params"]

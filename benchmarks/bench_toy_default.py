@@ -3,6 +3,7 @@ from an empty fileroot, once per seed, with its wall time and the peak memory of
 process tree (the launcher plus every worker, sampled every 0.2 s).
 
     python benchmarks/bench_toy_default.py --seeds 1 2 3
+    python benchmarks/bench_toy_default.py --smoke   # seed 1, every phase shortened to 2 steps of 8
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 import time
 
 import psutil
+from _smoke import SHORT_RUN, parse_args
 
 
 def tree_rss(proc: psutil.Process) -> int:
@@ -38,30 +40,34 @@ def run_default(seed: int, fileroot: str, extra: list[str]) -> dict:
         f"seed={seed}",
         *extra,
     ]
+    os.makedirs(fileroot, exist_ok=True)
+    log_path = os.path.join(fileroot, f"seed{seed}.log")
     start = time.time()
-    log = open(os.path.join(fileroot, f"seed{seed}.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    ps = psutil.Process(proc.pid)
-    peak = 0
-    while proc.poll() is None:
-        peak = max(peak, tree_rss(ps))
-        time.sleep(0.2)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        ps = psutil.Process(proc.pid)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(ps))
+            time.sleep(0.2)
     wall = time.time() - start
     if proc.returncode != 0:
-        raise SystemExit(f"seed {seed} failed (exit {proc.returncode}); see {log.name}")
+        raise SystemExit(f"seed {seed} failed (exit {proc.returncode}); see {log_path}")
     with open(os.path.join(fileroot, "ppo", f"toy-seed{seed}", "summary.json")) as f:
         summary = json.load(f)
     return {"seed": seed, "wall_s": wall, "peak_rss_gb": peak / 2**30, **summary}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--fileroot", default=None, help="default: a fresh temporary folder per seed")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for the ppo command")
-    args = parser.parse_args()
+    args = parse_args(parser, argv, seeds=[1])
+    if args.smoke:
+        args.extra = [*SHORT_RUN, *args.extra]
     rows = []
     for seed in args.seeds:
         root = args.fileroot or tempfile.mkdtemp(prefix=f"realrl-toy-seed{seed}-")

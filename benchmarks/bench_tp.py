@@ -9,6 +9,7 @@ CPU the all-reduces per block cost more than the halved matmuls save; tensor par
 models that do not fit one device. Also checked: both sides produce the same greedy tokens.
 
     python benchmarks/bench_tp.py [--size small] [--steps 3] [--new-tokens 32] [--prompts 16]
+    python benchmarks/bench_tp.py --smoke   # the tiny model, 1 step, 2 prompts x 4 tokens: seconds
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _parallel_common import SIZES, batch, init_group, model_config, n_params, n_tokens, token_loss  # noqa: E402
+from _smoke import parse_args  # noqa: E402
 
 LENGTHS = [96, 160, 64, 200, 128, 112, 80, 144]
 
@@ -94,7 +96,7 @@ def tp_worker(rank: int, port: int, args, out: str) -> None:
         dist.destroy_process_group()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from realrl.base.network import find_free_port
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -103,7 +105,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="CPU threads in all, per side")
-    args = ap.parse_args()
+    args = parse_args(ap, argv, size="tiny", steps=1, prompts=2, new_tokens=4)
     torch.set_num_threads(args.threads)
     one = measure(args, None, "cpu")
     with tempfile.TemporaryDirectory() as out:

@@ -12,6 +12,7 @@ other load disturbs less). Peak RSS is measured in one subprocess per side, over
 after a warm-up step.
 
     python benchmarks/bench_train.py [--steps 5] [--n-seqs 32] [--threads 1] [--min-len 16] [--max-len 384]
+    python benchmarks/bench_train.py --smoke   # 1 timed step of 4 short sequences: seconds
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from _smoke import parse_args
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 2048, 128, 2, 4, 2, 344
 LR, BETAS, EPS, CLIP = 1e-4, (0.9, 0.95), 1e-5, 1.0
@@ -158,7 +160,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     p.add_argument("--rss-side", choices=sorted(TRAINERS), help=argparse.SUPPRESS)
     p.add_argument("--ckpt", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse_args(p, None, steps=1, n_seqs=4, n_mbs=2, min_len=8, max_len=32)
     torch.set_num_threads(args.threads)
     if args.rss_side:
         print("RESULT " + json.dumps(measure_rss(args.rss_side, args.ckpt, args)))

@@ -19,6 +19,7 @@ prompt + answer). Held-out scores come from ONE evaluator (realrl's toy evaluati
 both sides' saved HF folders.
 
     python benchmarks/bench_vs_trl.py [--quick] [--rounds 3] [--steps N] [--tasks rw,grpo] [--threads 1]
+    python benchmarks/bench_vs_trl.py --smoke   # both sides, both tasks: 2 steps of a few sequences
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _smoke import parse_args  # noqa: E402
 from _trl_common import (  # noqa: E402
     BenchSpec,
     cpu_per_step,
@@ -274,13 +276,14 @@ def main(argv: list[str] | None = None) -> None:
         "--trl-threads", type=int, default=None, help="TRL's torch threads (default: --threads)"
     )
     parser.add_argument("--child", nargs=4, metavar=("SIDE", "TASK", "SPEC", "OUT"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, steps=2, rounds=1, eval_prompts=16)
     if args.child:
         child_main(*args.child)
         return
 
-    spec = BenchSpec(
-        fileroot=args.fileroot,
+    spec = BenchSpec.sized(
+        args.fileroot,
+        args.smoke,
         seed=args.seed,
         rw_steps=30,
         grpo_steps=8,

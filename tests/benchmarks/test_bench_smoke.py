@@ -1,0 +1,233 @@
+"""Every script in benchmarks/ runs end to end at tiny sizes (``--smoke``), so that an API change
+cannot break a benchmark unnoticed: each test runs one script as a subprocess, from the repository
+root, with every file it writes under a temporary folder, and checks the figures its report
+promises (a script that prints nothing, or a table of "n/a", fails)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from realrl.apps.selfcheck_report import parse_bench_forward, parse_bench_generate
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NUMBER = r"[+-]?[\d,]+(?:\.\d+)?(?:e[+-]?\d+)?"
+
+
+def run_bench(script: str, tmp_path, *args: str, timeout: float = 280) -> str:
+    """The stdout of ``python benchmarks/<script> --smoke <args>``, which must exit with 0.
+    Temporary folders the script makes land under ``tmp_path`` too."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp), "HF_DATASETS_CACHE": str(tmp / "hf_datasets")}
+    argv = [sys.executable, os.path.join("benchmarks", script), "--smoke", *args]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (
+        f"{' '.join(argv)} exited with {done.returncode}\n--- stdout\n{done.stdout[-4000:]}\n"
+        f"--- stderr\n{done.stderr[-6000:]}"
+    )
+    return done.stdout
+
+
+def figures(pattern: str, text: str) -> list[tuple[str, ...]]:
+    """Every match of ``pattern`` (one line each) in ``text``; at least one."""
+    found = re.findall(pattern, text, flags=re.MULTILINE)
+    assert found, f"no line matches {pattern!r} in:\n{text[-3000:]}"
+    return [m if isinstance(m, tuple) else (m,) for m in found]
+
+
+def table_rows(text: str, first_cell: str) -> list[list[str]]:
+    """The cells of the markdown table rows whose first cell is ``first_cell``."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell:
+            rows.append(cells)
+    assert rows, f"no table row {first_cell!r} in:\n{text[-3000:]}"
+    return rows
+
+
+def is_number(cell: str) -> bool:
+    return re.fullmatch(NUMBER + r"(?: ± [\d.]+)?", cell) is not None
+
+
+@pytest.fixture(scope="module")
+def toy_root(tmp_path_factory) -> str:
+    """One fileroot for the scripts that only read the toy task's files and the initial models
+    (they write them on first use), so the task is built once for all of them."""
+    return str(tmp_path_factory.mktemp("toy_root"))
+
+
+@pytest.fixture(scope="module")
+def job_root(tmp_path_factory) -> str:
+    """One fileroot for the scripts that run quickstart jobs: the SFT and reward-model phases run
+    once, for the first of them (the toy job's, listed first, from an empty fileroot), and the
+    later ones reuse them, as each script does among its own runs."""
+    return str(tmp_path_factory.mktemp("job_root") / "runs")  # made by the first script
+
+
+def test_bench_forward(tmp_path):
+    f = parse_bench_forward(run_bench("bench_forward.py", tmp_path, "--device", "cpu"))
+    assert f["realrl_tok_s"] > 0 and f["hf_tok_s"] > 0, f
+    assert f["speedup_vs_hf"] > 0 and f["speedup_vs_hf_cpu_time"] > 0, f
+    assert f["n_seqs"] == 4, f
+
+
+def test_bench_generate(tmp_path):
+    out = run_bench("bench_generate.py", tmp_path, "--device", "cpu")
+    f = parse_bench_generate(out, "realrl eager")
+    assert not [k for k in f if k.endswith("_error")], f  # every side ran
+    assert f["realrl_eager_tok_s"] > 0 and f["realrl_static_tok_s"] > 0, f
+    assert f["transformers_generate_tok_s"] > 0 and f["speedup_vs_hf"] > 0, f
+    assert f["bandwidth_gb_s"] > 0, f
+    figures(rf"^ratio realrl static / realrl eager\s+({NUMBER})x wall$", out)
+
+
+def test_bench_train(tmp_path):
+    out = run_bench("bench_train.py", tmp_path)
+    (real, hf), *_ = figures(rf"^first-step loss: realrl ({NUMBER})  hf ({NUMBER}) ", out)
+    assert abs(float(real) - float(hf)) < 1e-3, out  # the two sides compute the same loss
+    for side in ("realrl TrainEngine", "HF padded loop"):
+        figures(rf"^{side}.*\s({NUMBER}) tokens/s .* peak RSS\s+({NUMBER}) MiB", out)
+    figures(rf"^throughput ratio realrl / hf: ({NUMBER})x wall-clock, ({NUMBER})x CPU time$", out)
+    figures(rf"^peak RSS ratio realrl / hf: ({NUMBER}) ", out)
+
+
+def test_bench_tp(tmp_path):
+    out = run_bench("bench_tp.py", tmp_path)
+    figures(rf"^train step, .*\s({NUMBER})s\s+({NUMBER})s\s+({NUMBER})x$", out)
+    figures(rf"^generate 2 prompts x 4 tokens\s+({NUMBER})s\s+({NUMBER})s\s+({NUMBER})x$", out)
+    figures(r"^same greedy tokens: (True|False)$", out)
+
+
+def test_bench_sharded_memory(tmp_path):
+    out = run_bench("bench_sharded_memory.py", tmp_path)
+    for label in (
+        "params \\+ grads \\+ optimizer",
+        "peak memory in steps \\(RSS\\)",
+        "step time \\(median\\)",
+    ):
+        figures(rf"^{label}\s+{NUMBER} \S+\s+{NUMBER} \S+\s+({NUMBER})x$", out)
+    figures(r"^target: state ratio <= 0.55 at N=2: (met|NOT met) \(", out)
+
+
+def test_bench_realloc(tmp_path):
+    out = run_bench("bench_realloc.py", tmp_path)
+    rows = figures(
+        rf"^(\S+ -> \S+)\s+{NUMBER}\s+{NUMBER}\s+\S+\s+({NUMBER})\s+({NUMBER})\s+(\S+)  bytes", out
+    )
+    assert len(rows) == 14, out
+    ((same, pairs),) = figures(r"same B weights in (\d+)/(\d+)$", out)
+    assert same == pairs == "14", out
+
+
+def test_bench_data(tmp_path, toy_root):
+    out = run_bench("bench_data.py", tmp_path, "--root", toy_root)
+    for name in (
+        "prompt_answer",
+        "rw_paired",
+        "prompt",
+        "dschat phase 1",
+        "dschat phase 2",
+        "dschat phase 3",
+    ):
+        figures(rf"^{name}\s+(\d+)\s+(\d+)\s+({NUMBER})\s+({NUMBER})\s+(\d+)\s+(\d+)$", out)
+    gathers = figures(rf"^(prompt_answer|rw_paired) x(\d+)\s+({NUMBER})\s+(\d+)$", out)
+    assert {g[0] for g in gathers} == {"prompt_answer", "rw_paired"}, out
+
+
+def test_trl_profile(tmp_path, toy_root):
+    out = run_bench("_trl_profile.py", tmp_path, "--fileroot", toy_root)
+    for name in ("realrl paired_rw.train_step", "HF padded step"):
+        figures(rf"^{re.escape(name)}\s+wall ({NUMBER}) s  cpu ({NUMBER}) s$", out)
+    figures(r"function calls .* in [\d.]+ seconds", out)
+
+
+# the stand-ins are the same for both tasks; rw's step also runs in _trl_profile and bench_cpu_kernels
+@pytest.mark.parametrize("task", ["grpo", pytest.param("rw", marks=pytest.mark.slow)])
+def test_ablate_train_step(tmp_path, toy_root, task):
+    out = run_bench("ablate_train_step.py", tmp_path, "--fileroot", toy_root, "--task", task)
+    figures(rf"^  full step\s+({NUMBER}) ms$", out)
+    parts = figures(rf"^  without (.+?)\s+({NUMBER}) ms\s+.+ <=\s*({NUMBER}) % of the step$", out)
+    assert {p[0] for p in parts} == {"attention", "MLP", "RMSNorm", "rotary", "optimizer step"}, out
+
+
+def test_bench_cpu_kernels(tmp_path, toy_root):
+    from realrl.impl.model import kernels
+
+    if not kernels.available("varlen_attention"):
+        pytest.skip("the C kernels are not built here (no C compiler)")
+    out = run_bench("bench_cpu_kernels.py", tmp_path, "--fileroot", toy_root)
+    row = rf"\s+({NUMBER})ms\s+({NUMBER})ms\s+({NUMBER})x$"
+    for phase in ("GRPO update", "generate", "reference inference", r"RM step \(8 pairs\)"):
+        figures(rf"^  {phase}{row}", out)
+    assert len(figures(rf"^  GRPO update{row}", out)) == 2, out  # attention and RMSNorm
+
+
+def test_bench_host_memory(tmp_path, toy_root):
+    out = run_bench("bench_host_memory.py", tmp_path, "--fileroot", toy_root)
+    for mode in ("default", "retained"):
+        figures(rf"^\| {mode} \| ({NUMBER}) \| ({NUMBER}) \|$", out)
+    figures(rf"^speed-up retained / default: ({NUMBER})x$", out)
+
+
+def test_bench_vs_trl(tmp_path, toy_root):
+    """Both sides (realrl's workers, TRL's trainers), both tasks, then the one evaluator on both."""
+    out = run_bench("bench_vs_trl.py", tmp_path, "--fileroot", toy_root)
+    for task, score in (("rw", "held-out pair accuracy"), ("grpo", "held-out true reward")):
+        table = out.split(f"| {task} | realrl | TRL | ratio |", 1)[1].split("\n\n", 1)[0]
+        for label in ("step time, s (median)", "tokens/s", "peak RSS, process tree, MB", score):
+            ((_, real, trl, ratio),) = table_rows(table, label)
+            assert is_number(real) and is_number(trl), (label, real, trl)
+            assert re.fullmatch(rf"{NUMBER}x|[+-]\d\.\d+", ratio), (label, ratio)
+    figures(r"^ratio: times and CPU times as TRL / realrl", out)
+    with open(os.path.join(toy_root, "bench_vs_trl", "results.json")) as f:
+        results = json.load(f)
+    for side in ("realrl", "trl"):
+        assert 0.0 <= results["rw"][side]["accuracy"] <= 1.0, results["rw"][side]
+        assert isinstance(results["grpo"][side]["true_reward"], float), results["grpo"][side]
+
+
+def test_bench_toy_default(tmp_path, job_root):
+    """The whole default job: toy data, SFT, reward model, PPO, evaluation."""
+    out = run_bench("bench_toy_default.py", tmp_path, "--fileroot", job_root)
+    ((_, *cells),) = table_rows(out, "1")
+    assert len(cells) == 7 and all(re.match(NUMBER, c) for c in cells), cells
+
+
+@pytest.mark.parametrize("task", ["sentiment", pytest.param("arith", marks=pytest.mark.slow)])
+def test_bench_algorithms(tmp_path, job_root, task):
+    out = run_bench("bench_algorithms.py", tmp_path, "--task", task, "--fileroot", job_root)
+    for label in ("grpo", "dapo" if task == "sentiment" else "dapo_without_dynamic_sampling"):
+        ((_, *cells),) = table_rows(out, label)
+        assert len(cells) == 6 and all(re.match(NUMBER, c) for c in cells), cells
+
+
+def test_bench_layouts(tmp_path, job_root):
+    out = run_bench("bench_layouts.py", tmp_path, "--fileroot", job_root)
+    ((_, step, ratio, *_, realloc_mb),) = table_rows(out, "`actor_gen:d2m1p1,*:d1m1p1`")
+    assert float(step) > 0 and re.fullmatch(rf"{NUMBER}x", ratio), out
+    assert float(realloc_mb) > 0, out  # generation's layout differs from training's: weights moved
+    ((_, _, base_ratio, *_),) = table_rows(out, "`d1`")
+    assert base_ratio == "1.00x", out
+    figures(rf"^fastest: .* at ({NUMBER}) s/step, ({NUMBER})x the speed of d1$", out)
+
+
+def test_bench_faults(tmp_path):
+    out = run_bench("bench_faults.py", tmp_path, "--fileroot", str(tmp_path / "runs"))
+    for failpoint in ("0:train@2", "1:generate@1:stop"):
+        ((_, seconds, clean, error),) = table_rows(out, f"`{failpoint}`")
+        assert is_number(seconds) and clean == "yes" and "is lost" in error, (
+            failpoint,
+            seconds,
+            clean,
+            error,
+        )
+    ((_, seconds, code, clean),) = table_rows(out, "SIGTERM")
+    assert is_number(seconds) and code == "143" and clean == "yes", out
+    figures(r"^\| SIGINT \(started as .*\| ([\d.]+) \| 130 \| yes \|$", out)
