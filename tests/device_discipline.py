@@ -10,8 +10,10 @@ test and crashes at its first step on a GPU. This check brings the GPU's rule to
   from a device tensor, or a module's parameter), *host* (created without a device, moved to
   ``cpu``, computed from host tensors only) or unknown (made outside torch functions, such as
   gradients, which are never checked);
-- a device tensor's ``.device`` is ``cpu:0``, so code that creates tensors "where this one
-  lives" creates device tensors, as it would on a GPU;
+- torch.distributed (FSDP2, DTensor) allocates on its mesh's device, the compute device, which a
+  CPU mesh spells ``cpu``: within torch.distributed ``cpu`` counts as the device;
+- a device tensor's ``.device`` is ``cpu:0`` (to all but torch's own code), so code that creates
+  tensors "where this one lives" creates device tensors, as it would on a GPU;
 - an operation that combines a device tensor with a host tensor of more than one element raises
   ``DeviceMixError`` naming the operation and both shapes, exactly where CUDA would refuse; the
   exceptions CUDA allows are kept (a device tensor indexed by a host index, ``copy_`` across
@@ -25,12 +27,12 @@ the master or the tests.
 from __future__ import annotations
 
 import sys
-import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 STAND_IN = torch.device("cpu", 0)  # the "GPU" of a checked run
+_TAG = "_device_discipline_tag"
 HOST, DEVICE = "host", "device"
 
 
@@ -51,7 +53,21 @@ def _device_tag(device) -> str | None:
     return DEVICE if device.index is not None else HOST
 
 
+def _named_device_tag(device, caller: str) -> str | None:
+    """The tag of a tensor made on or moved to ``device`` by code in module ``caller``.
+
+    torch.distributed (FSDP2, DTensor) places what it makes (gathered weights, moved states) on
+    its mesh's device, the compute device; a CPU mesh names it ``cpu``, which here would read as
+    host memory, so within torch.distributed ``cpu`` is the device."""
+    tag = _device_tag(device)
+    if tag == HOST and caller.startswith("torch.distributed"):
+        return DEVICE
+    return tag
+
+
 _DEVICE_OF = torch.Tensor.device.__get__
+_DATA_SET = torch.Tensor.data.__set__  # param.data = moved: how Module.to moves a parameter
+_METADATA = {torch._has_compatible_shallow_copy_type}  # compares types, computes nothing
 _MOVES = {torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda}
 _CROSS_DEVICE_OK = {torch.Tensor.copy_}  # cuda.copy_(cpu) and cpu.copy_(cuda) are fine
 # cuda[cpu_index] and cuda[cpu_index] = cuda_value are fine (the index is copied over)
@@ -61,25 +77,20 @@ _INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
 class DeviceDiscipline(TorchFunctionMode):
     """The mode itself; ``active()`` is the one instance a worker enters at import."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: dict[int, tuple[weakref.ref, str]] = {}
-
-    # -- tags ----------------------------------------------------------------------------------
+    # -- tags: an attribute of the tensor (no weak references: those would stop torch from
+    # swapping a module's parameters, as ``Module.to`` does for tensor subclasses) -------------
 
     def tag_of(self, t: torch.Tensor) -> str | None:
-        entry = self.tags.get(id(t))
-        if entry is not None and entry[0]() is t:
-            return entry[1]
+        tag = t.__dict__.get(_TAG)
+        if tag is not None:
+            return tag
         if isinstance(t, torch.nn.Parameter):
             return DEVICE  # a model's weights live on its device (an offloaded model visits it)
         return None
 
     def tag(self, t: torch.Tensor, tag: str | None) -> None:
-        if tag is None:
-            return
-        key = id(t)
-        self.tags[key] = (weakref.ref(t, lambda _, key=key: self.tags.pop(key, None)), tag)
+        if tag is not None:
+            t.__dict__[_TAG] = tag
 
     # -- the rule ------------------------------------------------------------------------------
 
@@ -104,18 +115,18 @@ class DeviceDiscipline(TorchFunctionMode):
     def _host_value(self, t: torch.Tensor) -> bool:
         return self.tag_of(t) == HOST and t.dim() > 0
 
-    def out_tag(self, func, args, kwargs, tensors: list[torch.Tensor]) -> str | None:
+    def out_tag(self, func, args, kwargs, tensors: list[torch.Tensor], caller: str) -> str | None:
         if func is torch.Tensor.cpu:
             return HOST
         if func is torch.Tensor.cuda:
             return DEVICE
         if func is torch.Tensor.to:
             device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
-            return _device_tag(device) or self.tag_of(args[0])
+            return _named_device_tag(device, caller) or self.tag_of(args[0])
         if func in _CROSS_DEVICE_OK:
             return self.tag_of(args[0])
         if "device" in kwargs:
-            return _device_tag(kwargs["device"])
+            return _named_device_tag(kwargs["device"], caller)
         tags = {self.tag_of(t) for t in tensors}
         if DEVICE in tags:
             return DEVICE
@@ -125,12 +136,22 @@ class DeviceDiscipline(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func == _DEVICE_OF:  # a device tensor says where it lives, as a CUDA one would
+            # torch's own code (meshes, FSDP, checkpointing's metadata checks) sees the real device
+            internal = sys._getframe(1).f_globals.get("__name__", "").startswith("torch.")
+            if self.tag_of(args[0]) == DEVICE and not internal:
+                return STAND_IN
+            return func(*args, **kwargs)
+        if func in _METADATA:
+            return func(*args, **kwargs)
+        if func == _DATA_SET:  # the parameter now lives where its new data does
+            func(*args, **kwargs)
+            self.tag(args[0], self.tag_of(args[1]))
+            return None
         tensors = _tensors(args, kwargs)
         self.check(func, args, tensors)
-        if func == _DEVICE_OF:  # a device tensor says where it lives, as a CUDA one would
-            return STAND_IN if self.tag_of(args[0]) == DEVICE else func(*args, **kwargs)
         out = func(*args, **kwargs)
-        tag = self.out_tag(func, args, kwargs, tensors)
+        tag = self.out_tag(func, args, kwargs, tensors, sys._getframe(1).f_globals.get("__name__", ""))
         if func in _MOVES and out is args[0] and tag != self.tag_of(out):
             out = out.view_as(out)  # a no-op move that changes the tag: an alias carries the new tag
         if isinstance(out, torch.Tensor):

@@ -41,15 +41,16 @@ def fileroot(tmp_path_factory):
 
 # Every run here is also the device-discipline check (tests/device_discipline.py): its model
 # workers treat ``cpu:0`` as the device and fail where a GPU would, on a host tensor meeting a
-# device tensor; every experiment and layout of this file is covered.
+# device tensor; every experiment and layout of this file is covered, FSDP excepted: FSDP2 keeps
+# its weights on its mesh's device, which a CPU mesh names ``cpu``, the check's host memory.
 DISCIPLINE = (
     "device=cpu:0",
     f'import_modules=["{os.path.join(os.path.dirname(__file__), "..", "device_discipline.py")}"]',
 )
 
 
-def run(name, fileroot, *extra):
-    cfg = build_config(name, [f"fileroot={fileroot}", *SHORT, *DISCIPLINE, *extra])
+def run(name, fileroot, *extra, discipline=True):
+    cfg = build_config(name, [f"fileroot={fileroot}", *SHORT, *(DISCIPLINE if discipline else ()), *extra])
     summary = run_quickstart(name, cfg)
     return cfg, summary
 
@@ -99,7 +100,9 @@ def test_ppo_default_writes_the_toy_summary(fileroot):
 
 
 def test_sft_with_fsdp_over_two_workers_evaluates_and_saves_a_whole_model(fileroot):
-    cfg, summary = run("sft", fileroot, "allocation_mode=d2", "model.engine.fsdp=true", "trial_name=fsdp")
+    cfg, summary = run(
+        "sft", fileroot, "allocation_mode=d2", "model.engine.fsdp=true", "trial_name=fsdp", discipline=False
+    )
     assert assert_run_outputs(cfg.run_dir)["steps"] == 2
     assert summary["trainDefault/eval_loss"] > 0  # both ranks evaluated their shards in lockstep
     final = os.path.join(cfg.run_dir, "checkpoints", "default", "final")
@@ -151,9 +154,11 @@ def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statist
 ):
     """The actor trains split over workers 0 and 1 and generates as two whole replicas, on the
     same workers or on workers 2 and 3 of their own: its weights move before every generation,
-    and the run gives one worker's numbers, in local and in ray mode."""
+    and the run gives one worker's numbers, in local and in ray mode. On disjoint workers the
+    actor trains with gradient checkpointing, whose wrapped blocks the move must still find."""
     layout = f'allocation_mode="actor_train:d1m2p1,actor_gen:d2m1p1{gen_at},*:d1m1p1"'
-    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, layout, f"trial_name={trial}", f"mode={mode}")
+    extra = ("actor.engine.gradient_checkpointing=true",) if gen_at else ()
+    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, layout, f"trial_name={trial}", f"mode={mode}", *extra)
     got = assert_same_statistics_as_one_worker(fileroot, cfg.run_dir)
     gen_workers = "2,3" if gen_at else "0,1"
     for record in got:
