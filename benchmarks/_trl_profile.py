@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
+    parser.add_argument("--fileroot", default="outputs/bench_vs_trl")
     parser.add_argument("--iters", type=int, default=6)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--task", choices=("rw", "grpo"), default="rw")
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
+    parser.add_argument("--fileroot", default="outputs/bench_vs_trl")
     args = parse_args(parser, argv, iters=1)
     torch.set_num_threads(1)
     from realrl.base.host_memory import retain_freed_memory

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
+    parser.add_argument("--fileroot", default="outputs/bench_vs_trl")
     args = parse_args(parser, argv, rounds=1)
     torch.set_num_threads(args.threads)
     from realrl.base.host_memory import retain_freed_memory

@@ -6,7 +6,7 @@ times each registered dataset reading its JSONL file end to end (read, shard, to
 ``local/jsonfile`` source, phase by phase ("2,4,4"). The gather figures are what a training step
 pays to batch ``n`` items (the model worker gathers a batch per step).
 
-    python benchmarks/bench_data.py [--root /tmp/realrl_bench_data] [--repeats 3] [--threads 2]
+    python benchmarks/bench_data.py [--root outputs/bench_data] [--repeats 3] [--threads 2]
     python benchmarks/bench_data.py --smoke   # the first 200 rows of each file, once: seconds
 """
 
@@ -66,7 +66,7 @@ def dschat_source(paths: dict[str, str], root: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", default="/tmp/realrl_bench_data")
+    ap.add_argument("--root", default="outputs/bench_data")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-rows", type=int, default=None, help="read only each file's first N rows")

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
+    parser.add_argument("--fileroot", default="outputs/bench_vs_trl")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parse_args(parser, argv, rounds=1, iters=2)
     if args.child:

@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         "--quick", action="store_true", help="rw 8 steps, grpo 3 steps, 200 eval prompts, 1 round"
     )
     parser.add_argument("--tasks", default="rw,grpo")
-    parser.add_argument("--fileroot", default="/tmp/realrl_bench_vs_trl")
+    parser.add_argument("--fileroot", default="outputs/bench_vs_trl")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--eval-prompts", type=int, default=None)
     parser.add_argument(

@@ -28,7 +28,7 @@ from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
 from realrl.api.quickstart.memory_plan import model_config
 from realrl.apps.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, data_error_message, one_line
 from realrl.apps.signals import exit_code, handlers_kept, interrupted_message, stop_on_signals
-from realrl.base import logging, network
+from realrl.base import logging, network, private_files
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.system import names
 from realrl.system.launcher import LocalLauncher, RayLauncher, make_name_record
@@ -77,7 +77,10 @@ def run_experiment(
         check_layouts(_role_layouts(config), _split_models(config))
     except ValueError as e:  # a layout that cannot split its model: the options are at fault
         raise UserError(str(e)) from e
-    os.makedirs(config.log_dir, exist_ok=True)
+    try:  # the run trusts what it reads back from its folder: nobody else may write there
+        private_files.make_private_dirs(config.log_dir, config.fileroot)
+    except private_files.UnsafePathError as e:
+        raise UserError(str(e)) from e
     secret = secrets.token_bytes(32)
     if mode == "local":
         nr_cfg = NameResolveConfig("nfs", root=os.path.join(config.run_dir, "name_resolve"))
@@ -253,8 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         with stop_on_signals():  # first: Ctrl-C / SIGTERM stop the run even when SIGINT came ignored
-            with open(args.config, "rb") as f:
-                config = pickle.load(f)
+            try:  # a pickle runs code: only the user's own, which nobody else may write
+                config = pickle.loads(private_files.read_private(args.config))
+            except private_files.UnsafePathError as e:
+                raise UserError(str(e)) from e
             run_experiment(config, args.mode, args.ray_address)
     except KeyboardInterrupt as e:
         print(interrupted_message(e), file=sys.stderr)

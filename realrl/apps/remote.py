@@ -1,8 +1,9 @@
 """Worker entry point of ``mode=local``: ``python -m realrl.apps.remote <worker_configs.pkl> <index>``.
 
-The run's secret comes in the ``REALRL_RUN_SECRET`` environment variable (hex), never on the
-command line where ``ps`` would show it. ``kill -USR1 <pid>`` dumps every thread's stack to the
-worker's log (what to do when a run seems stuck).
+The run's secret comes as one hex line on stdin, never on the command line (``ps`` shows it) nor
+in the environment (``/proc/<pid>/environ`` shows it to the user's other processes). The configs
+file must be this user's and writable by nobody else: it is unpickled. ``kill -USR1 <pid>`` dumps
+every thread's stack to the worker's log (what to do when a run seems stuck).
 
 ``python -m realrl.apps.remote --standby`` is a standby process (``realrl.system.standby``): it
 imports what every worker needs, then reads its configs path, index, secret and log file from
@@ -13,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import os
 import pickle
 import signal
 import sys
 
-from realrl.system.names import SECRET_ENV
+from realrl.base import private_files
 from realrl.system.standby import STANDBY_FLAG, read_assignment
 
 
@@ -39,25 +39,26 @@ def warm_up() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    secret_hex = None
     if argv == [STANDBY_FLAG]:
         warm_up()
         order = read_assignment()
         if order is None:  # dismissed before any run needed it
             return
         argv = [order["configs"], str(order["index"])]
-        os.environ[SECRET_ENV] = order["secret"]
+        secret_hex = order["secret"]
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("configs", help="pickled list of ModelWorkerConfig written by the launcher")
     parser.add_argument("index", type=int)
     args = parser.parse_args(argv)
-    secret_hex = os.environ.pop(SECRET_ENV, None)
+    if secret_hex is None:
+        secret_hex = sys.stdin.readline().strip()
     if not secret_hex:
-        sys.exit(f"{SECRET_ENV} is not set: workers are started by realrl.apps.main, not by hand")
+        sys.exit("no secret on stdin: workers are started by realrl.apps.main, not by hand")
     faulthandler.register(signal.SIGUSR1)
     from realrl.system.launcher import run_model_worker
 
-    with open(args.configs, "rb") as f:
-        configs = pickle.load(f)
+    configs = pickle.loads(private_files.read_private(args.configs))
     run_model_worker(configs[args.index], bytes.fromhex(secret_hex))
 
 

@@ -16,6 +16,8 @@ import time
 import urllib.parse
 from abc import ABC, abstractmethod
 
+from realrl.base import private_files
+
 
 class NameEntryNotFoundError(KeyError):
     def __str__(self) -> str:
@@ -117,13 +119,15 @@ class MemoryNameRecordRepository(NameRecordRepository):
 
 
 class FileNameRecordRepository(NameRecordRepository):
-    """One file per name under ``root``; writes are atomic (temp file + rename)."""
+    """One file per name under ``root``; writes are atomic (temp file + rename). ``root`` must be
+    this user's and writable by nobody else: its entries tell workers where to connect."""
 
     _VALUE_FILE = "ENTRY"
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
-        os.makedirs(self.root, exist_ok=True)
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        private_files.check_private_dir(self.root)
 
     def _dir(self, name: str) -> str:
         parts = [urllib.parse.quote(p, safe="") for p in _check_name(name).split("/") if p]
@@ -132,7 +136,7 @@ class FileNameRecordRepository(NameRecordRepository):
     def add(self, name: str, value: str, replace: bool = False) -> None:
         d = self._dir(name)
         path = os.path.join(d, self._VALUE_FILE)
-        os.makedirs(d, exist_ok=True)
+        os.makedirs(d, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
         with os.fdopen(fd, "w") as f:
             f.write(str(value))

@@ -1,4 +1,4 @@
-"""Free ports on the loopback interface."""
+"""Ports on the loopback interface: sockets bound now, or ports that were free a moment ago."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ LOOPBACK = "127.0.0.1"
 
 
 def find_free_ports(n: int, host: str = LOOPBACK) -> list[int]:
-    """Return ``n`` distinct ports that were free on ``host`` a moment ago.
+    """Return ``n`` distinct ports that were free on ``host`` a moment ago (for tests; a server
+    of a run listens on a ``bound_socket`` instead: a free port may be taken before it binds).
 
     The sockets are held open together so the kernel cannot hand out one port twice.
     """
@@ -27,3 +28,15 @@ def find_free_ports(n: int, host: str = LOOPBACK) -> list[int]:
 
 def find_free_port(host: str = LOOPBACK) -> int:
     return find_free_ports(1, host)[0]
+
+
+def bound_socket(host: str = LOOPBACK) -> socket.socket:
+    """A TCP socket bound to a free port of ``host`` (not yet listening): hand it to the server
+    that will listen on it, so no other process can take the port in between."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock

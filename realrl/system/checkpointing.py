@@ -307,6 +307,7 @@ def _cannot_write(path: str, e: Exception, step: int | None, role: str) -> Recov
 def load_interface_state(interface: ModelInterface, path: str, role: str, step: int | None = None) -> None:
     try:
         check_file(path)
+        # an interface's own state, of any type: trusted like code (only your own recover points)
         state: Any = torch.load(path, map_location="cpu", weights_only=False)
     except (OSError, RuntimeError) as e:
         raise RecoverPointError(f"cannot load {path} ({type(e).__name__}: {e})", step, role) from e

@@ -18,11 +18,10 @@ import time
 from collections import deque
 
 from realrl.api.core.system_api import ModelWorkerConfig, NameResolveConfig
-from realrl.base import logging
+from realrl.base import logging, private_files
 from realrl.base.name_resolve import NameRecordRepository, make_repository
 from realrl.base.processes import die_with_parent
 from realrl.system.model_worker import ModelWorker
-from realrl.system.names import SECRET_ENV
 from realrl.system.request_reply_stream import Codec, WorkerLostError
 from realrl.system.standby import WORKER_ENV, StandbyWorkers
 
@@ -40,6 +39,18 @@ def make_name_record(cfg: NameResolveConfig) -> NameRecordRepository:
 def run_model_worker(config: ModelWorkerConfig, secret: bytes, exit_on_master_lost: bool = True) -> None:
     record = make_name_record(config.name_resolve)
     ModelWorker(config, Codec(secret), record, exit_on_master_lost=exit_on_master_lost).run()
+
+
+def send_secret(proc: subprocess.Popen, secret: bytes) -> None:
+    """Hand a fresh worker the run's secret on its stdin: never in its environment (which
+    ``/proc/<pid>/environ`` shows to the user's other processes for the process's whole life)
+    nor on its command line. A worker that died first is reported by ``check()``."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(secret.hex().encode() + b"\n")
+        proc.stdin.close()
+    except OSError as e:
+        logger.warning("cannot hand pid %d its secret (%s): it exited", proc.pid, e)
 
 
 def worker_log_path(log_dir: str, worker_name: str) -> str:
@@ -75,12 +86,10 @@ class LocalLauncher:
     def start(self, configs: list[ModelWorkerConfig]) -> None:
         """One process per worker config: standby processes first, fresh ones for the rest."""
         standby = self.standby
-        os.makedirs(self.log_dir, exist_ok=True)
+        private_files.make_private_dirs(self.log_dir, self.run_dir)
         path = os.path.join(self.run_dir, "worker_configs.pkl")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(configs, f)
-        env = {**os.environ, **WORKER_ENV, SECRET_ENV: self.secret.hex()}
+        private_files.write_private(path, pickle.dumps(configs))
+        env = {**os.environ, **WORKER_ENV}
         atexit.register(self.stop)
         for cfg in configs:
             name = cfg.worker_name
@@ -95,15 +104,16 @@ class LocalLauncher:
                 logger.info("%s runs in standby process %d, log %s", name, proc.pid, self.logs[name])
                 continue
             with open(self.logs[name], "w") as log:
-                self.procs[name] = subprocess.Popen(
+                proc = self.procs[name] = subprocess.Popen(
                     [sys.executable, "-m", "realrl.apps.remote", path, str(cfg.worker_index)],
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
                     preexec_fn=die_with_parent,
                 )
+            send_secret(proc, self.secret)
             logger.info("started %s (pid %d), log %s", name, self.procs[name].pid, self.logs[name])
         if standby is not None and self.warm_next:
             standby.spawn(len(configs))

@@ -126,17 +126,34 @@ class ModelWorker(WorkerBase):
     # -- setup ---------------------------------------------------------------------------------
 
     def _init_process_group(self) -> None:
+        """The run's process groups meet at a TCPStore served by worker 0 on a socket bound here,
+        to ``bind_host`` (the loopback in local mode), before its address is published: no other
+        process can take the port in between, and nothing listens beyond ``bind_host``."""
         cfg = self.config
         key = names.dist_store(cfg.experiment_name, cfg.trial_name)
-        if cfg.worker_index == 0:
-            host = cfg.bind_host or _node_ip()
-            self.name_record.add(key, f"{host}:{network.find_free_port(host)}", replace=True)
-        address = self.name_record.wait(key, timeout=self.timeouts.setup)
+        timeout = datetime.timedelta(seconds=self.timeouts.peer)
         if cfg.bind_host == network.LOOPBACK:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if cfg.worker_index == 0:
+            host = cfg.bind_host or _node_ip()
+            sock = network.bound_socket(host)
+            port = sock.getsockname()[1]
+            store = dist.TCPStore(
+                host,
+                port,
+                cfg.n_model_workers,
+                is_master=True,
+                timeout=timeout,
+                wait_for_workers=False,  # they connect once the address below is published
+                master_listen_fd=sock.detach(),  # the store owns (and closes) the socket now
+            )
+            self.name_record.add(key, f"{host}:{port}", replace=True)
+        else:
+            host, port = self.name_record.wait(key, timeout=self.timeouts.setup).rsplit(":", 1)
+            store = dist.TCPStore(host, int(port), cfg.n_model_workers, is_master=False, timeout=timeout)
         dist.init_process_group(
             cfg.dist_backend,
-            init_method=f"tcp://{address}",
+            store=store,
             rank=cfg.worker_index,
             world_size=cfg.n_model_workers,
             timeout=datetime.timedelta(seconds=self.timeouts.peer),

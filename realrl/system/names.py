@@ -1,9 +1,6 @@
-"""name_resolve keys of one run, and the environment variable of its secret, spelled in one place."""
+"""name_resolve keys of one run, spelled in one place."""
 
 from __future__ import annotations
-
-# a local worker's copy of the run's secret (hex): never on the command line, where ps shows it
-SECRET_ENV = "REALRL_RUN_SECRET"
 
 
 def run_root(experiment_name: str, trial_name: str) -> str:

@@ -125,7 +125,7 @@ def read_assignment(stream=None) -> dict | None:
     if not line.strip():
         return None
     order = json.loads(line)
-    log_fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    log_fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         with open(order["early_log"], "rb") as f:
             os.write(log_fd, f.read())

@@ -3,12 +3,14 @@
 A failing request is answered with the formatted traceback (the master raises it, naming the
 worker); the worker keeps serving. A worker whose master stops answering heartbeats exits on its
 own, so no worker outlives its run even if the launcher was killed without cleaning up.
+A request id is served once: a repeated one (a replay the stream missed) is dropped and counted.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +25,23 @@ logger = logging.getLogger("worker")
 
 class MasterLostError(RuntimeError):
     pass
+
+
+class SeenIds:
+    """The last ``capacity`` request ids served (the master never repeats one; a bounded window
+    keeps a long run's memory flat)."""
+
+    def __init__(self, capacity: int = 1 << 16):
+        self.capacity = capacity
+        self.ids: OrderedDict[str, None] = OrderedDict()
+
+    def first_time(self, request_id: str) -> bool:
+        if request_id in self.ids:
+            return False
+        self.ids[request_id] = None
+        if len(self.ids) > self.capacity:
+            self.ids.popitem(last=False)
+        return True
 
 
 class WorkerBase:
@@ -47,6 +66,8 @@ class WorkerBase:
         self.exit_on_master_lost = exit_on_master_lost
         self.handlers: dict[str, Callable[[Any], Any]] = {}
         self.stream: WorkerStream | None = None
+        self.seen = SeenIds()
+        self.n_repeated = 0
 
     def describe_state(self) -> str:
         """What this worker still holds, for its last log line."""
@@ -83,6 +104,12 @@ class WorkerBase:
                     raise MasterLostError(f"{self.name}: the master stopped answering heartbeats")
                 continue
             if msg.kind != "request":
+                continue
+            if not self.seen.first_time(msg.request_id):
+                self.n_repeated += 1
+                logger.warning(
+                    "%s: request %s (%r) came again; ignored", self.name, msg.request_id, msg.handler
+                )
                 continue
             if msg.handler == "exit":
                 self.stream.reply(msg)

@@ -193,7 +193,7 @@ class ExperimentConfig:
     mfc_placements: dict[str, Placement] = dataclasses.field(default_factory=dict)  # default: home
     n_model_workers: int | None = None  # default: 1 + the largest allocated worker index
     tokenizer_path: str | None = None
-    fileroot: str = "/tmp/realrl"
+    fileroot: str = "outputs"  # relative to the working folder, like the command line's; never a shared /tmp
     seed: int = 1
     total_train_epochs: int = 1
     total_train_steps: int | None = None  # stop after this many steps even mid-epoch

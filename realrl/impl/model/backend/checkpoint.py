@@ -15,6 +15,11 @@ finished writing, so a crash never leaves a half-written checkpoint under the fi
 write that fails (a full or read-only disk) leaves the previous checkpoint as it was and raises on
 every rank (none waits for the others in a collective). A file that cannot be read back raises
 ``CheckpointError`` naming it. With several ranks all of them must see one file system.
+
+Trust: the weights are safetensors and the RNG files load with ``weights_only=True`` (numbers
+and numpy's RNG arrays only), but ``engine_state.pt`` and ``extra_state_rank{r}.pt`` hold what
+engines and interfaces chose to save and are unpickled in full: loading a checkpoint runs any
+code it holds, so load only checkpoints you wrote (docs/security.md).
 """
 
 from __future__ import annotations
@@ -103,10 +108,20 @@ def load_module_weights(module: torch.nn.Module, path: str) -> None:
     safetensors.torch.load_model(module, file, strict=True, device=str(next(module.parameters()).device))
 
 
-def _torch_load(file: str) -> Any:
-    """``torch.load`` of a file this module wrote, or ``CheckpointError`` naming it."""
+def _numpy_rng_globals() -> list:
+    """What numpy's RNG state (``np.random.get_state()``) unpickles through: numeric arrays."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _torch_load(file: str, weights_only: bool = False) -> Any:
+    """``torch.load`` of a file this module wrote, or ``CheckpointError`` naming it.
+    ``weights_only``: tensors, numbers, containers and numpy's RNG arrays, nothing that runs code."""
     check_file(file)
     try:
+        if weights_only:
+            with torch.serialization.safe_globals(_numpy_rng_globals()):
+                return torch.load(file, map_location="cpu", weights_only=True)
         return torch.load(file, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
         raise CheckpointError(f"{file}: cannot be read back ({type(e).__name__}: {e})") from e
@@ -222,7 +237,7 @@ def load_checkpoint(
     r = dp.rank(group)
     rng_file = os.path.join(path, f"rng_state_rank{r}.pt")
     if os.path.exists(rng_file):
-        set_rng_state(_torch_load(rng_file))
+        set_rng_state(_torch_load(rng_file, weights_only=True))
     else:
         logger.warning("checkpoint %s has no RNG state for rank %d; RNG not restored", path, r)
     extra_file = os.path.join(path, f"extra_state_rank{r}.pt")
