@@ -26,12 +26,16 @@ the master or the tests.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 STAND_IN = torch.device("cpu", 0)  # the "GPU" of a checked run
+# the options that put a quickstart run under the check; its workers' logs then hold MARKER
+OVERRIDES = ("device=cpu:0", f'import_modules=["{os.path.abspath(__file__)}"]')
+MARKER = "device-discipline check: on"
 _TAG = "_device_discipline_tag"
 HOST, DEVICE = "host", "device"
 
@@ -183,3 +187,4 @@ def in_model_worker() -> bool:
 if in_model_worker():
     # on for the rest of the worker's life: every call of every model runs under the rule
     DeviceDiscipline().__enter__()
+    print(MARKER, file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from device_discipline import MARKER, OVERRIDES
 from safetensors.torch import load_file
 
 from realrl.apps import run as run_mod
@@ -42,16 +43,22 @@ def fileroot(tmp_path_factory):
 # Every run here is also the device-discipline check (tests/device_discipline.py): its model
 # workers treat ``cpu:0`` as the device and fail where a GPU would, on a host tensor meeting a
 # device tensor; every experiment and layout of this file is covered, FSDP excepted: FSDP2 keeps
-# its weights on its mesh's device, which a CPU mesh names ``cpu``, the check's host memory.
-DISCIPLINE = (
-    "device=cpu:0",
-    f'import_modules=["{os.path.join(os.path.dirname(__file__), "..", "device_discipline.py")}"]',
-)
+# its weights on its mesh's device, which a CPU mesh names ``cpu``, the check's host memory. Ray
+# actors do not load it (it switches on in ``realrl.apps.remote`` processes only).
+
+
+def assert_checked(run_dir):
+    """The check was on in every model worker of the run."""
+    logs = os.path.join(run_dir, "logs")
+    workers = [f for f in os.listdir(logs) if f.startswith("model_worker")]
+    assert workers and all(MARKER in open(os.path.join(logs, f)).read() for f in workers), workers
 
 
 def run(name, fileroot, *extra, discipline=True):
-    cfg = build_config(name, [f"fileroot={fileroot}", *SHORT, *(DISCIPLINE if discipline else ()), *extra])
+    cfg = build_config(name, [f"fileroot={fileroot}", *SHORT, *(OVERRIDES if discipline else ()), *extra])
     summary = run_quickstart(name, cfg)
+    if discipline and cfg.mode == "local":
+        assert_checked(cfg.run_dir)
     return cfg, summary
 
 

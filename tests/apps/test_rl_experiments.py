@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from device_discipline import OVERRIDES
 
 from realrl.apps.configs import build_config
 from realrl.apps.run import run_quickstart
@@ -29,7 +30,8 @@ def fileroot(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["ppo", "grpo", "rloo", "reinforce_pp", "remax"])
 def test_rl_experiment_on_the_arithmetic_task(fileroot, name):
-    cfg = build_config(name, ["task=arith", f"fileroot={fileroot}", *SHORT])
+    # under the device-discipline check (tests/device_discipline.py), as the other experiments
+    cfg = build_config(name, ["task=arith", f"fileroot={fileroot}", *SHORT, *OVERRIDES])
     assert cfg.dataset.metadata_keys == ["answer"] and cfg.reward_fn == "math_answer"
     summary = run_quickstart(name, cfg)
     assert 0.0 <= summary["sft_accuracy"] <= 1.0 and 0.0 <= summary["accuracy"] <= 1.0

@@ -71,7 +71,7 @@ def ray_gpus_per_worker(device: str, n_workers: int, cluster_gpus: float, coloca
             f"device=cuda: the layouts use {n_workers} model workers but the Ray cluster has {cluster_gpus:g} "
             "GPU(s); use fewer workers or a larger cluster, or set colocate=true to share GPUs"
         )
-    per_gpu = math.ceil(n_workers / math.floor(cluster_gpus))
+    per_gpu = math.ceil(n_workers / max(1, math.floor(cluster_gpus)))  # a fraction of one GPU: one
     return math.floor(RAY_RESOURCE_UNITS / per_gpu) / RAY_RESOURCE_UNITS
 
 

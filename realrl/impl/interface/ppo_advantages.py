@@ -106,7 +106,8 @@ class AdvantageInterface(ModelInterface):
         if hp.estimator.needs_baseline:  # ReMax: the greedy answer's score, scaled like the others'
             greedy = data.data["baseline_rewards"].float() * hp.reward_output_scaling + hp.reward_output_bias
             per_prompt = F.clip_rewards(greedy, hp.max_reward_clip)
-            baseline = torch.repeat_interleave(per_prompt, torch.tensor(_group_sizes(data)))
+            sizes = torch.tensor(_group_sizes(data), device=per_prompt.device)
+            baseline = torch.repeat_interleave(per_prompt, sizes)
         no_eos = data.data["seq_no_eos_mask"].float()
         advantages, returns = hp.estimator(
             AdvantageInputs(

@@ -191,14 +191,15 @@ def reshard_fsdp(module: nn.Module) -> None:
             unit.reshard()
 
 
-def _wire(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> tuple[torch.device, bool]:
-    """Where the buffers live and whether messages are batched: CUDA tensors travel as they are
-    when ``group`` has NCCL (whose sends and receives must be posted as one batch so that two
-    peers sending each other first do not wait for each other); otherwise the buffers go
-    through host memory for gloo."""
-    cuda = next((t.device for t in tensors if t.device.type == "cuda"), None)
-    if cuda is not None and "nccl" in str(dist.get_backend(group)):
-        return cuda, True
+def _wire(group: dist.ProcessGroup | None) -> tuple[torch.device, bool]:
+    """Where the buffers live and whether messages are batched, decided from ``group`` alone, so
+    every member decides alike (a member whose weights sit in host memory, an offloaded model,
+    must not choose gloo while its peers wait on NCCL): with NCCL (every worker owns its GPU) the
+    buffers are on this worker's GPU and sends and receives are posted as one batch, so that two
+    peers sending each other first do not wait for each other; otherwise they go through host
+    memory for gloo."""
+    if "nccl" in str(dist.get_backend(group)):
+        return torch.device("cuda", torch.cuda.current_device()), True
     return torch.device("cpu"), False
 
 
@@ -210,9 +211,11 @@ def _post(
 ) -> list[dist.Work]:
     """Post every message on ``group`` (peers are global ranks, torch maps them into the group).
     A batch uses the group's NCCL communicator, created by its first use with every member
-    present: all of them meet on the device first, also those with nothing to send or receive."""
+    present: all of them take part in one all-reduce on the device first (which, unlike a barrier
+    on a mixed gloo/NCCL group, goes to NCCL on every torch version), also those with nothing to
+    send or receive."""
     if batched:
-        dist.barrier(group=group, device_ids=[device.index])
+        dist.all_reduce(torch.zeros(1, device=device), group=group)
         if not ops:
             return []
         return dist.batch_isend_irecv(
@@ -236,7 +239,7 @@ def move(
     (None: the default group), every member of which calls ``move`` with the same plan."""
     start = time.perf_counter()
     pairs = plan.pairs()
-    device, batched = _wire([*(src or {}).values(), *(dst or {}).values()], group)
+    device, batched = _wire(group)
     ops, received = [], []
     for _, peer in (p for p in pairs if p[0] == me):
         message = _message(plan, me, peer)
