@@ -156,9 +156,13 @@ class LocalLauncher:
 class RayWorkerActor:
     """Wrapped with ``ray.remote`` by ``RayLauncher``; ``run`` blocks for the worker's whole life."""
 
-    def run(self, config: ModelWorkerConfig, secret: bytes, log_path: str) -> int:
+    def run(self, config: ModelWorkerConfig, secret_ref: list, log_path: str) -> int:
+        """``secret_ref``: ``[ObjectRef]`` of the run's secret, in a list so that Ray hands the
+        reference over, not the bytes: the task's arguments (which Ray's state API and dashboard
+        show) then hold an object id, and the secret is read from the cluster's object store."""
         import ray
 
+        secret = ray.get(secret_ref[0])
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         handler = logging.add_file_handler(log_path)
         context = ray.get_runtime_context()
@@ -199,12 +203,13 @@ class RayLauncher:
             )
         actor_cls = ray.remote(RayWorkerActor)
         os.makedirs(self.log_dir, exist_ok=True)
+        secret_ref = [ray.put(self.secret)]  # not an argument anyone can read off the task
         for cfg in configs:
             name = cfg.worker_name
             open(worker_log_path(self.log_dir, name), "w").close()  # a rerun of the trial starts a fresh log
             actor = actor_cls.options(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0).remote()
             self.actors[name] = actor
-            self.refs[name] = actor.run.remote(cfg, self.secret, worker_log_path(self.log_dir, name))
+            self.refs[name] = actor.run.remote(cfg, secret_ref, worker_log_path(self.log_dir, name))
             logger.info("started %s as a Ray actor", name)
 
     def check(self) -> None:
