@@ -11,7 +11,9 @@ test and crashes at its first step on a GPU. This check brings the GPU's rule to
   ``cpu``, computed from host tensors only) or unknown (made outside torch functions, such as
   gradients, which are never checked);
 - torch.distributed (FSDP2, DTensor) allocates on its mesh's device, the compute device, which a
-  CPU mesh spells ``cpu``: within torch.distributed ``cpu`` counts as the device;
+  CPU mesh spells ``cpu``: within torch.distributed ``cpu`` counts as the device, and FSDP is
+  told that a host tensor lives elsewhere (``cpu:1``), so it moves it to its device as it would
+  on a GPU;
 - a device tensor's ``.device`` is ``cpu:0`` (to all but torch's own code), so code that creates
   tensors "where this one lives" creates device tensors, as it would on a GPU;
 - an operation that combines a device tensor with a host tensor of more than one element raises
@@ -36,6 +38,9 @@ STAND_IN = torch.device("cpu", 0)  # the "GPU" of a checked run
 # the options that put a quickstart run under the check; its workers' logs then hold MARKER
 OVERRIDES = ("device=cpu:0", f'import_modules=["{os.path.abspath(__file__)}"]')
 MARKER = "device-discipline check: on"
+# what FSDP is told of a host tensor: a device other than its CPU mesh's, so that it moves the
+# tensor to its device as it would on a GPU (where host memory is not the mesh's device)
+ELSEWHERE = torch.device("cpu", 1)
 _TAG = "_device_discipline_tag"
 HOST, DEVICE = "host", "device"
 
@@ -142,9 +147,12 @@ class DeviceDiscipline(TorchFunctionMode):
         kwargs = kwargs or {}
         if func == _DEVICE_OF:  # a device tensor says where it lives, as a CUDA one would
             # torch's own code (meshes, FSDP, checkpointing's metadata checks) sees the real device
-            internal = sys._getframe(1).f_globals.get("__name__", "").startswith("torch.")
-            if self.tag_of(args[0]) == DEVICE and not internal:
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            tag = self.tag_of(args[0])
+            if tag == DEVICE and not caller.startswith("torch."):
                 return STAND_IN
+            if tag == HOST and caller.startswith("torch.distributed.fsdp"):
+                return ELSEWHERE  # not on FSDP's (CPU) device yet: FSDP moves it, as on a GPU
             return func(*args, **kwargs)
         if func in _METADATA:
             return func(*args, **kwargs)

@@ -42,9 +42,8 @@ def fileroot(tmp_path_factory):
 
 # Every run here is also the device-discipline check (tests/device_discipline.py): its model
 # workers treat ``cpu:0`` as the device and fail where a GPU would, on a host tensor meeting a
-# device tensor; every experiment and layout of this file is covered, FSDP excepted: FSDP2 keeps
-# its weights on its mesh's device, which a CPU mesh names ``cpu``, the check's host memory. Ray
-# actors do not load it (it switches on in ``realrl.apps.remote`` processes only).
+# device tensor; every experiment and layout of this file is covered (FSDP included). Ray actors
+# do not load it (it switches on in ``realrl.apps.remote`` processes only).
 
 
 def assert_checked(run_dir):
@@ -107,9 +106,7 @@ def test_ppo_default_writes_the_toy_summary(fileroot):
 
 
 def test_sft_with_fsdp_over_two_workers_evaluates_and_saves_a_whole_model(fileroot):
-    cfg, summary = run(
-        "sft", fileroot, "allocation_mode=d2", "model.engine.fsdp=true", "trial_name=fsdp", discipline=False
-    )
+    cfg, summary = run("sft", fileroot, "allocation_mode=d2", "model.engine.fsdp=true", "trial_name=fsdp")
     assert assert_run_outputs(cfg.run_dir)["steps"] == 2
     assert summary["trainDefault/eval_loss"] > 0  # both ranks evaluated their shards in lockstep
     final = os.path.join(cfg.run_dir, "checkpoints", "default", "final")
@@ -179,6 +176,8 @@ def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statist
     "name, extra",
     [
         ("grpo", ["ppo.ppo_n_minibatches=2", "toy_eval_prompts=32"]),
+        # the actor sharded by FSDP over two workers: it generates from gathered weights
+        ("grpo", ["allocation_mode=d2", "actor.engine.fsdp=true", "trial_name=fsdp", "toy_eval_prompts=32"]),
         ("dpo", []),
         ("gen", []),
     ],
