@@ -174,6 +174,11 @@ def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> 
             gpus=gpus,
         )
 
+    # a per-call layout's check: the actor's weights moved before every generation
+    actor_moved = {
+        "prefixes": ("realloc/actor/",),
+        "targets": (Target("realloc/actor/bytes", ">=", 1, "the actor's weights moved"),),
+    }
     main_argv, main_summary = quickstart("ppo", "main", *(short if quick else ()))
     main_targets = (Target("steps", "==", steps, "the shortened run's steps"),) if quick else MAIN_TARGETS
     tests = os.path.join(repo, "tests")
@@ -232,8 +237,7 @@ def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> 
             # each generation replica receives the half of the weights it lacks before every step
             # (the other way round, d2 -> m2, each rank slices its own replica: no bytes move)
             'allocation_mode="actor_train:d1m2p1,actor_gen:d2m1p1,*:d1m1p1"',
-            prefixes=("realloc/actor/",),
-            targets=(Target("realloc/actor/bytes", ">=", 1, "the actor's weights moved"),),
+            **actor_moved,
             gpus=2,
         ),
         shortened(
@@ -242,8 +246,7 @@ def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> 
             "GRPO, the actor trains on one worker and generates as two replicas (on one GPU: both)",
             # the second replica receives the whole model before every step, through host memory
             'allocation_mode="actor_train:d1m1p1,actor_gen:d2m1p1,*:d1m1p1"',
-            prefixes=("realloc/actor/",),
-            targets=(Target("realloc/actor/bytes", ">=", 1, "the actor's weights moved"),),
+            **actor_moved,
         ),
         Check(
             "bench_generate",

@@ -156,7 +156,7 @@ class ModelWorker(WorkerBase):
             store=store,
             rank=cfg.worker_index,
             world_size=cfg.n_model_workers,
-            timeout=datetime.timedelta(seconds=self.timeouts.peer),
+            timeout=timeout,
             device_id=nccl_device(cfg.device, cfg.dist_backend),
         )
 

@@ -33,7 +33,7 @@ from realrl.impl.model.comm.realloc_plan import (
 )
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.dtensor import local
-from realrl.impl.model.parallel.mesh import ParallelContext
+from realrl.impl.model.parallel.mesh import ParallelContext, comm_device
 
 Tensors = dict[str, torch.Tensor]
 
@@ -198,9 +198,8 @@ def _wire(group: dist.ProcessGroup | None) -> tuple[torch.device, bool]:
     buffers are on this worker's GPU and sends and receives are posted as one batch, so that two
     peers sending each other first do not wait for each other; otherwise they go through host
     memory for gloo."""
-    if "nccl" in str(dist.get_backend(group)):
-        return torch.device("cuda", torch.cuda.current_device()), True
-    return torch.device("cpu"), False
+    device = comm_device(group if group is not None else dist.group.WORLD)
+    return device, device.type == "cuda"
 
 
 def _post(
