@@ -13,7 +13,7 @@ setup(
         # torch: install the build for your machine first (README); any >= 2.4 works.
         "torch>=2.4",
         "transformers>=4.45",
-        "ray>=2.9",
+        "ray>=2.59",  # token authentication on by default for the local clusters it starts
         "pyzmq>=25",
         "omegaconf>=2.3,<2.5",  # structured configs (hydra's config library)
         "hydra-core>=1.3.2,<1.4",  # the command line: compose API, override grammar, sweeps

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from system_graphs import mock_config, single_call_config, wait_all_exited, work
 
 from realrl.api.core.config import ModelInterfaceAbstraction  # noqa: E402
 from realrl.api.core.system_api import Timeouts  # noqa: E402
-from realrl.apps.main import ExperimentFailedError, run_experiment  # noqa: E402
+from realrl.apps.main import ExperimentFailedError, run_experiment, save_config  # noqa: E402
 
 TIMEOUTS = Timeouts(connect=90, heartbeat=2.0, heartbeat_interval=0.5)
 CASES = [
@@ -104,9 +103,8 @@ def signal_case(root: str, signum: signal.Signals, background: bool) -> tuple[fl
     trial = f"{signum.name.lower()}{'-bg' if background else ''}"
     slow = ModelInterfaceAbstraction("sys_test_slow", {"delay": 0.3})
     cfg = single_call_config(root, trial, slow, steps=1000, n_samples=4000)
-    path = os.path.join(root, f"{trial}.pkl")
-    with open(path, "wb") as f:
-        pickle.dump(cfg, f)
+    path = os.path.join(root, f"{trial}.json")
+    save_config(cfg, path)
     cmd = [sys.executable, "-m", "realrl.apps.main", path]
     env = {**os.environ, "PYTHONPATH": SYSTEM_TESTS}
     if background:

@@ -8,7 +8,9 @@ SIGTERM (``realrl.apps.signals``) stops every worker and raises ``KeyboardInterr
 that cannot run (a layout that cannot split its model, more workers than GPUs) raise
 ``UserError`` before any worker starts.
 
-CLI: ``python -m realrl.apps.main <experiment_config.pkl> [--mode local|ray] [--ray-address A]``.
+Every run saves its config as ``<run_dir>/experiment_config.json`` (``realrl.base.config_json``:
+data, not a pickle), and ``python -m realrl.apps.main <experiment_config.json> [--mode local|ray]
+[--ray-address A]`` runs such a file again.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import pickle
 import secrets
 import sys
 from collections.abc import Callable, Coroutine
@@ -28,7 +29,7 @@ from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
 from realrl.api.quickstart.memory_plan import model_config
 from realrl.apps.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, data_error_message, one_line
 from realrl.apps.signals import exit_code, handlers_kept, interrupted_message, stop_on_signals
-from realrl.base import logging, network, private_files
+from realrl.base import config_json, logging, network, private_files
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.system import names
 from realrl.system.launcher import LocalLauncher, RayLauncher, make_name_record
@@ -45,6 +46,7 @@ from realrl.system.standby import StandbyWorkers
 logger = logging.getLogger("main")
 
 MODES = ("local", "ray")
+SAVED_CONFIG = "experiment_config.json"  # in the run folder: what `python -m realrl.apps.main` runs again
 CANCEL_WAIT_S = 5.0  # after an interruption, how long the master's tasks get to finish cancelling
 T = TypeVar("T")
 
@@ -81,6 +83,7 @@ def run_experiment(
         private_files.make_private_dirs(config.log_dir, config.fileroot)
     except private_files.UnsafePathError as e:
         raise UserError(str(e)) from e
+    save_config(config, os.path.join(config.run_dir, SAVED_CONFIG))
     secret = secrets.token_bytes(32)
     if mode == "local":
         nr_cfg = NameResolveConfig("nfs", root=os.path.join(config.run_dir, "name_resolve"))
@@ -134,6 +137,31 @@ def run_experiment(
         record.clear_subtree(run_root)
         logging.getLogger("realrl").removeHandler(log_handler)
         log_handler.close()
+
+
+def save_config(config: ExperimentConfig, path: str) -> None:
+    """``config`` as JSON at ``path``, owner-only; one that holds what JSON cannot (a function, an
+    object of a class defined in a function) is the user's mistake, named before any worker starts."""
+    try:
+        text = config_json.dumps(config, plugin_modules=config.import_modules)
+    except config_json.ConfigFormatError as e:
+        raise UserError(f"the experiment config cannot be written as JSON: {e}") from e
+    private_files.write_private(path, text.encode())
+
+
+def load_config(path: str) -> ExperimentConfig:
+    """The ``ExperimentConfig`` a run saved (or a user wrote) at ``path``; ``UserError`` naming
+    the file for one that is not such a config, or that another user may write (it names the
+    plugin modules to import)."""
+    from realrl.system.model_worker import import_plugins
+
+    try:
+        config = config_json.loads(private_files.read_private(path), import_plugins)
+    except (OSError, config_json.ConfigFormatError) as e:
+        raise UserError(f"{path}: {e}") from e
+    if not isinstance(config, ExperimentConfig):
+        raise UserError(f"{path}: holds a {type(config).__name__}, not an ExperimentConfig")
+    return config
 
 
 def run_bounded(main: Coroutine[Any, Any, T], cancel_wait_s: float = CANCEL_WAIT_S) -> T:
@@ -248,7 +276,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("config", help="a pickled ExperimentConfig")
+    parser.add_argument(
+        "config", help=f"an ExperimentConfig as JSON (every run saves its own as {SAVED_CONFIG})"
+    )
     parser.add_argument("--mode", choices=MODES, default="local")
     parser.add_argument(
         "--ray-address", default=None, help="an existing Ray cluster (default: start a local one)"
@@ -256,11 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         with stop_on_signals():  # first: Ctrl-C / SIGTERM stop the run even when SIGINT came ignored
-            try:  # a pickle runs code: only the user's own, which nobody else may write
-                config = pickle.loads(private_files.read_private(args.config))
-            except private_files.UnsafePathError as e:
-                raise UserError(str(e)) from e
-            run_experiment(config, args.mode, args.ray_address)
+            run_experiment(load_config(args.config), args.mode, args.ray_address)
     except KeyboardInterrupt as e:
         print(interrupted_message(e), file=sys.stderr)
         sys.exit(exit_code(e))

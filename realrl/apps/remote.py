@@ -1,8 +1,9 @@
-"""Worker entry point of ``mode=local``: ``python -m realrl.apps.remote <worker_configs.pkl> <index>``.
+"""Worker entry point of ``mode=local``: ``python -m realrl.apps.remote <worker_configs.json> <index>``.
 
 The run's secret comes as one hex line on stdin, never on the command line (``ps`` shows it) nor
 in the environment (``/proc/<pid>/environ`` shows it to the user's other processes). The configs
-file must be this user's and writable by nobody else: it is unpickled. ``kill -USR1 <pid>`` dumps
+file is data (``realrl.base.config_json``), but it names the plugin modules to import: it must
+be this user's and writable by nobody else. ``kill -USR1 <pid>`` dumps
 every thread's stack to the worker's log (what to do when a run seems stuck).
 
 ``python -m realrl.apps.remote --standby`` is a standby process (``realrl.system.standby``): it
@@ -14,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import pickle
 import signal
 import sys
 
-from realrl.base import private_files
+from realrl.base import config_json, private_files
 from realrl.system.standby import STANDBY_FLAG, read_assignment
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         argv = [order["configs"], str(order["index"])]
         secret_hex = order["secret"]
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("configs", help="pickled list of ModelWorkerConfig written by the launcher")
+    parser.add_argument("configs", help="the ModelWorkerConfig list the launcher wrote (JSON)")
     parser.add_argument("index", type=int)
     args = parser.parse_args(argv)
     if secret_hex is None:
@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("no secret on stdin: workers are started by realrl.apps.main, not by hand")
     faulthandler.register(signal.SIGUSR1)
     from realrl.system.launcher import run_model_worker
+    from realrl.system.model_worker import import_plugins
 
-    configs = pickle.loads(private_files.read_private(args.configs))
+    configs = config_json.loads(private_files.read_private(args.configs), import_plugins)
     run_model_worker(configs[args.index], bytes.fromhex(secret_hex))
 
 

@@ -20,12 +20,20 @@ import sys
 ENTRY_POINT_GROUP = "realrl.plugins"
 
 
+def module_name(mod: str) -> str:
+    """The name ``import_modules`` imports ``mod`` under: a dotted name as it is, a ``.py``
+    file as ``realrl_plugin_<its stem>``."""
+    if mod.endswith(".py"):
+        return "realrl_plugin_" + os.path.splitext(os.path.basename(mod))[0]
+    return mod
+
+
 def import_modules(modules: list[str]) -> None:
     """Import each dotted module name or ``.py`` file once per process."""
     for mod in modules:
         if mod.endswith(".py"):
             path = os.path.abspath(mod)
-            name = "realrl_plugin_" + os.path.splitext(os.path.basename(path))[0]
+            name = module_name(path)
             if name in sys.modules:
                 continue
             spec = importlib.util.spec_from_file_location(name, path)
@@ -58,3 +66,8 @@ def load_entry_points() -> tuple[str, ...]:
             target()
         names.append(ep.name)
     return tuple(names)
+
+
+def entry_point_modules() -> tuple[str, ...]:
+    """The modules the installed packages' ``realrl.plugins`` entry points name."""
+    return tuple(ep.module for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))

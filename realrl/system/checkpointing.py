@@ -29,9 +29,8 @@ import os
 import re
 from typing import Any
 
-import torch
-
 from realrl.api.core.model_api import Model, ModelInterface
+from realrl.impl.model.backend.checkpoint import load_state, save_state
 from realrl.impl.model.backend.integrity import (
     CheckpointError,
     check_file,
@@ -292,7 +291,7 @@ def save_interface_state(interface: ModelInterface, path: str, role: str, step: 
     tmp = path + ".tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save(interface.state_dict(), tmp)
+        save_state(interface.state_dict(), tmp, f"the state of {type(interface).__name__} ({role!r})")
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
         raise _cannot_write(path, e, step, role) from e
@@ -306,9 +305,7 @@ def _cannot_write(path: str, e: Exception, step: int | None, role: str) -> Recov
 
 def load_interface_state(interface: ModelInterface, path: str, role: str, step: int | None = None) -> None:
     try:
-        check_file(path)
-        # an interface's own state, of any type: trusted like code (only your own recover points)
-        state: Any = torch.load(path, map_location="cpu", weights_only=False)
+        state: Any = load_state(path)  # tensors, numbers, strings, containers: nothing that runs code
     except (OSError, RuntimeError) as e:
         raise RecoverPointError(f"cannot load {path} ({type(e).__name__}: {e})", step, role) from e
     interface.load_state_dict(state)

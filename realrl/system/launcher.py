@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import time
 from collections import deque
 
 from realrl.api.core.system_api import ModelWorkerConfig, NameResolveConfig
-from realrl.base import logging, private_files
+from realrl.base import config_json, logging, private_files
 from realrl.base.name_resolve import NameRecordRepository, make_repository
 from realrl.base.processes import die_with_parent
 from realrl.system.model_worker import ModelWorker
@@ -26,6 +25,7 @@ from realrl.system.request_reply_stream import Codec, WorkerLostError
 from realrl.system.standby import WORKER_ENV, StandbyWorkers
 
 logger = logging.getLogger("launcher")
+WORKER_CONFIGS = "worker_configs.json"  # in the run folder: data (realrl.base.config_json), not a pickle
 
 
 def make_name_record(cfg: NameResolveConfig) -> NameRecordRepository:
@@ -87,8 +87,9 @@ class LocalLauncher:
         """One process per worker config: standby processes first, fresh ones for the rest."""
         standby = self.standby
         private_files.make_private_dirs(self.log_dir, self.run_dir)
-        path = os.path.join(self.run_dir, "worker_configs.pkl")
-        private_files.write_private(path, pickle.dumps(configs))
+        path = os.path.join(self.run_dir, WORKER_CONFIGS)
+        text = config_json.dumps(configs, plugin_modules=configs[0].import_modules if configs else ())
+        private_files.write_private(path, text.encode())
         env = {**os.environ, **WORKER_ENV}
         atexit.register(self.stop)
         for cfg in configs:
@@ -182,6 +183,17 @@ class RayWorkerActor:
         return 0
 
 
+def ray_token_auth() -> bool | None:
+    """Whether the Ray cluster this process joined checks Ray's token on every call (Ray 2.52 or
+    newer with ``RAY_AUTH_MODE=token``; new local clusters have it by default from Ray 2.59);
+    None where the installed Ray has no token authentication."""
+    try:
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+    except ImportError:
+        return None
+    return get_authentication_mode() == AuthenticationMode.TOKEN
+
+
 class RayLauncher:
     """Workers as Ray actors on the cluster ``ray.init`` connected this driver to."""
 
@@ -195,6 +207,12 @@ class RayLauncher:
     def start(self, configs: list[ModelWorkerConfig]) -> None:
         import ray
 
+        if not ray_token_auth():
+            logger.warning(
+                "this Ray cluster runs without token authentication%s: whoever reaches its ports can run "
+                "code in it; start it with RAY_AUTH_MODE=token on a private network (docs/security.md)",
+                "" if ray_token_auth() is False else " (the installed Ray has none; Ray 2.52 or newer does)",
+            )
         total = ray.cluster_resources().get("CPU", 0.0)
         if self.cpus * len(configs) > total:
             raise RuntimeError(

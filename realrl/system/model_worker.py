@@ -51,12 +51,13 @@ from realrl.system.worker_base import WorkerBase
 logger = logging.getLogger("model_worker")
 
 
-def import_plugins(modules: list[str]) -> None:
+def import_plugins(modules: list[str]) -> tuple[str, ...]:
     """Import ``realrl.impl``, the installed packages' plugins and the user's modules (dotted
-    names or ``.py`` paths)."""
+    names or ``.py`` paths); the names of the plugin modules (whose classes a config may hold)."""
     importlib.import_module("realrl.impl")
     plugins.load_entry_points()
     plugins.import_modules(modules)
+    return (*plugins.entry_point_modules(), *map(plugins.module_name, modules))
 
 
 class ShardLoader:

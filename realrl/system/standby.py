@@ -5,7 +5,7 @@ transformers' tokenizer and config machinery: ~5 s on 2 CPU cores), and the laun
 spends its own first seconds importing and building the experiment's config (~3 s). Started one
 after the other, the two add up. A standby process starts at once, imports what every worker
 needs while the launcher is still busy, then waits for its assignment on stdin: one JSON line
-naming the pickled worker configs, its index, the run's secret and its log file. Ray prestarts
+naming the worker configs file, its index, the run's secret and its log file. Ray prestarts
 its worker processes for the same reason.
 
 A standby that is never assigned is stopped by ``close()``, or exits when its stdin ends; it dies

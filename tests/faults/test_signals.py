@@ -4,7 +4,6 @@ started in the background by a shell, which hands it SIGINT ignored (POSIX)."""
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 from system_graphs import alive, single_call_config, wait_all_exited, worker_pids
 
 from realrl.api.core.config import ModelInterfaceAbstraction
+from realrl.apps.main import save_config
 from realrl.apps.signals import Terminated, exit_code, handlers_kept, stop_on_signals
 
 STOPPED_WITHIN_S = 20  # from the signal to the exit of the command line, workers stopped
@@ -78,8 +78,8 @@ def test_a_library_that_takes_sigterm_gives_it_back():
 def test_a_signal_stops_every_worker_and_exits_128_plus_its_number(tmp_path, signum, status):
     slow = ModelInterfaceAbstraction("sys_test_slow", {"delay": 0.3})
     cfg = single_call_config(tmp_path, signum.name.lower(), slow, steps=1000, n_samples=4000)
-    path = tmp_path / "config.pkl"
-    path.write_bytes(pickle.dumps(cfg))
+    path = tmp_path / "config.json"
+    save_config(cfg, str(path))
     proc = subprocess.Popen(
         [sys.executable, "-m", "realrl.apps.main", str(path)],
         stdout=subprocess.PIPE,

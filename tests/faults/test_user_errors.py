@@ -6,7 +6,6 @@ few real runs of the command line end to end."""
 import dataclasses
 import json
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from realrl.api.core.data_api import load_hf_tokenizer, make_dataset
 from realrl.api.quickstart.entrypoint import get_quickstart_exp
 from realrl.apps.configs import register_everything
 from realrl.apps.errors import UserError, data_error_message
+from realrl.apps.main import save_config
 from realrl.apps.quickstart import prepare
 from realrl.impl.dataset.errors import DataError
 from realrl.impl.dataset.toy.vocab import ToyVocab
@@ -406,8 +406,8 @@ def test_a_bad_row_a_worker_finds_is_one_named_line(tmp_path, tiny_model):
 
 def test_a_worker_crash_is_no_user_error(tmp_path):
     cfg = single_call_config(tmp_path, "crash", "sys_test_raise")
-    path = tmp_path / "config.pkl"
-    path.write_bytes(pickle.dumps(cfg))
+    path = tmp_path / "config.json"
+    save_config(cfg, str(path))
     out = cli(str(path), module="realrl.apps.main")
     assert out.returncode == 1, out.stderr[-3000:]
     assert "realrl: experiment" in out.stderr and "model_worker/" in out.stderr

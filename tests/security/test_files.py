@@ -1,8 +1,11 @@
 """The run's files: owner-only, never through a link, refused when another user could write them;
-RNG state loaded without running code; no secret in a fresh worker's environment."""
+configs are JSON that names only realrl's and the plugins' classes; recover points load without
+running code."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import pickle
 import stat
@@ -12,18 +15,37 @@ import sys
 import pytest
 import torch
 
-from realrl.base import private_files
+from realrl.api.core.dfg import ModelInterfaceType
+from realrl.apps.errors import EXIT_USER_ERROR
+from realrl.apps.main import main as main_cli
+from realrl.base import config_json, private_files
 from realrl.base.private_files import UnsafePathError, check_private_dir, make_private_dirs, unsafe_reason
-from realrl.impl.model.backend.checkpoint import _torch_load, rng_state
+from realrl.impl.model.backend.checkpoint import load_state, rng_state, save_state
 from realrl.impl.model.backend.integrity import CheckpointError
 
 
 class Boom:
+    """Unpickling this writes a file: proof that something was (or was not) unpickled."""
+
     def __init__(self, path: str):
         self.path = path
 
     def __reduce__(self):
         return (open, (self.path, "w"))
+
+
+@dataclasses.dataclass
+class RunningMean:
+    """State an interface might save as an object of its own: a recover point cannot hold it."""
+
+    mean: float
+
+
+def plugin_that_writes(tmp_path, marker) -> str:
+    """A plugin file whose import writes ``marker``: proof that a config's plugins were imported."""
+    plugin = tmp_path / "touch_plugin.py"
+    plugin.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    return str(plugin)
 
 
 def fake_stat(uid: int, gid: int, mode: int) -> os.stat_result:
@@ -57,54 +79,123 @@ def test_make_private_dirs_creates_owner_only_folders_and_refuses_a_planted_link
 def test_write_private_is_owner_only_and_never_follows_a_link(tmp_path):
     target = tmp_path / "victim"
     target.write_bytes(b"theirs")
-    link = tmp_path / "worker_configs.pkl"
+    link = tmp_path / "worker_configs.json"
     os.symlink(target, link)
     with pytest.raises(UnsafePathError):
         private_files.write_private(str(link), b"ours")
     assert target.read_bytes() == b"theirs"
-    path = tmp_path / "mine.pkl"
+    path = tmp_path / "mine.json"
     private_files.write_private(str(path), b"one")
     private_files.write_private(str(path), b"two")  # a rerun replaces our own file
     assert path.read_bytes() == b"two" and stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
-def test_a_worker_refuses_configs_others_may_write(tmp_path):
-    """``worker_configs.pkl`` is unpickled: a copy every user may write is refused before that."""
-    marker = tmp_path / "unpickled"
-    configs = tmp_path / "worker_configs.pkl"
-    configs.write_bytes(pickle.dumps(Boom(str(marker))))
-    os.chmod(configs, 0o666)
-    proc = subprocess.run(
+def run_remote(configs, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "realrl.apps.remote", str(configs), "0"],
         input=b"00" * 32 + b"\n",
         capture_output=True,
         timeout=120,
+        cwd=tmp_path,
     )
+
+
+def test_a_worker_refuses_configs_others_may_write_and_pickles(tmp_path):
+    """The worker configs name plugins to import: a copy every user may write is refused before
+    anything is imported, and a pickle in its place is refused as not JSON, never unpickled."""
+    marker = tmp_path / "imported"
+    configs = tmp_path / "worker_configs.json"
+    configs.write_text(config_json.dumps([], plugin_modules=[plugin_that_writes(tmp_path, marker)]))
+    os.chmod(configs, 0o666)
+    proc = run_remote(configs, tmp_path)
     assert proc.returncode != 0 and b"every user may write" in proc.stderr
     assert not marker.exists()
+    unpickled = tmp_path / "unpickled"
+    configs.unlink()
+    configs.write_bytes(pickle.dumps(Boom(str(unpickled))))
+    os.chmod(configs, 0o600)
+    proc = run_remote(configs, tmp_path)
+    assert proc.returncode != 0 and b"not a JSON config" in proc.stderr
+    assert not unpickled.exists()
 
 
-def test_rng_state_loads_without_running_code(tmp_path):
+def test_a_config_names_only_realrl_s_and_its_plugins_classes(tmp_path):
+    """A class outside realrl and the file's own plugin modules is refused by name, before it is
+    imported; so is something in realrl that is not a dataclass (a function)."""
+    for name in ("subprocess:Popen", "os:system", "realrl.base.private_files:write_private"):
+        text = json.dumps({"format": config_json.FORMAT, "value": {"$dataclass": name, "attrs": {}}})
+        with pytest.raises(config_json.ConfigFormatError, match="refusing class|is not a dataclass"):
+            config_json.loads(text)
+    marker = tmp_path / "imported"
+    plugin = plugin_that_writes(tmp_path, marker)
+    text = config_json.dumps([], plugin_modules=[plugin])
+    assert config_json.loads(text) == [] and not marker.exists()  # a reader that imports no plugins
+
+
+def test_values_json_cannot_say_are_named_where_they_are():
+    with pytest.raises(config_json.ConfigFormatError, match=r"value\[0\]\['fn'\]: a builtins.function"):
+        config_json.dumps([{"fn": lambda: 0}])
+    odd = {
+        "t": (1, 2.5, None),
+        "s": {3, 1},
+        "f": frozenset({"a"}),
+        "b": b"\x00\xff",
+        "k": {(1, 2): "x", 3: [4]},
+        "tag": {"$tuple": 1},
+        "inf": float("inf"),
+    }
+    assert config_json.loads(config_json.dumps(odd)) == odd
+    back = config_json.loads(config_json.dumps([ModelInterfaceType.GENERATE]))
+    assert type(back[0]) is ModelInterfaceType  # a str enum stays an enum, not its string
+
+
+def test_recover_point_files_load_without_running_code(tmp_path):
+    """Every ``*.pt`` of a recover point (RNG, extra, engine and interface state) loads with
+    ``weights_only``: a pickle payload is refused naming the file, and nothing runs."""
     good = tmp_path / "rng_state_rank0.pt"
     torch.save(rng_state(), good)
-    assert set(_torch_load(str(good), weights_only=True)) >= {"python", "numpy", "torch"}
+    assert set(load_state(str(good))) >= {"python", "numpy", "torch"}
     marker = tmp_path / "unpickled"
-    bad = tmp_path / "rng_state_rank1.pt"
-    torch.save({"python": Boom(str(marker))}, bad)
-    with pytest.raises(CheckpointError, match="cannot be read back"):
-        _torch_load(str(bad), weights_only=True)
+    for name in (
+        "rng_state_rank1.pt",
+        "extra_state_rank0.pt",
+        "engine_state.pt",
+        "actor_train.rank0.state.pt",
+    ):
+        bad = tmp_path / name
+        torch.save({"state": Boom(str(marker))}, bad)
+        with pytest.raises(CheckpointError, match=f"{name}: cannot be read back"):
+            load_state(str(bad))
     assert not marker.exists()
 
 
-def test_the_command_line_refuses_a_config_pickle_others_may_write(tmp_path, capsys):
-    from realrl.apps.errors import EXIT_USER_ERROR
-    from realrl.apps.main import main
+def test_state_a_recover_point_could_not_load_is_refused_when_written(tmp_path):
+    """An interface's state of a type ``weights_only`` refuses fails at the save, naming the type,
+    not at the resume that needs it."""
+    state = {"mean": torch.zeros(2), "n": 3, "tag": "x", "nested": [(1, 2.0)]}
+    save_state(state, str(tmp_path / "ok.pt"), "ok state")
+    assert load_state(str(tmp_path / "ok.pt"))["nested"] == [(1, 2.0)]
+    with pytest.raises(
+        CheckpointError, match=r"the state of MyInterface holds .*RunningMean.*weights_only=True"
+    ):
+        save_state({"x": RunningMean(0.0)}, str(tmp_path / "bad.pt"), "the state of MyInterface")
 
-    marker = tmp_path / "unpickled"
+
+def test_the_command_line_runs_json_configs_only(tmp_path, capsys):
+    """``python -m realrl.apps.main`` refuses a pickle (not JSON, never unpickled) and a JSON
+    config another user may write (it names plugins to import), exiting 2 with one line."""
+    unpickled = tmp_path / "unpickled"
     config = tmp_path / "config.pkl"
-    config.write_bytes(pickle.dumps(Boom(str(marker))))
+    config.write_bytes(pickle.dumps(Boom(str(unpickled))))
+    with pytest.raises(SystemExit) as info:
+        main_cli([str(config)])
+    assert info.value.code == EXIT_USER_ERROR and "not a JSON config" in capsys.readouterr().err
+    assert not unpickled.exists()
+    imported = tmp_path / "imported"
+    config = tmp_path / "config.json"
+    config.write_text(config_json.dumps([], plugin_modules=[plugin_that_writes(tmp_path, imported)]))
     os.chmod(config, 0o666)
     with pytest.raises(SystemExit) as info:
-        main([str(config)])
+        main_cli([str(config)])
     assert info.value.code == EXIT_USER_ERROR and "every user may write" in capsys.readouterr().err
-    assert not marker.exists()
+    assert not imported.exists()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import secrets
+import stat
 import threading
 
 import psutil
@@ -13,9 +15,11 @@ import zmq
 from system_graphs import mock_config, worker_pids
 
 from realrl.apps.errors import UserError
-from realrl.apps.main import run_experiment
+from realrl.apps.main import SAVED_CONFIG, load_config, run_experiment
+from realrl.base import config_json
 from realrl.base.name_resolve import make_repository
 from realrl.system import names
+from realrl.system.launcher import WORKER_CONFIGS
 from realrl.system.request_reply_stream import HEARTBEAT_SUFFIX, Codec, Message
 
 SECRET = bytes(range(32))
@@ -117,6 +121,13 @@ def test_a_run_exposes_nothing_and_ignores_an_intruder(tmp_path, monkeypatch):
     intruder = seen["intruder"]
     assert intruder.sent > 0 and intruder.received == 0
     assert not os.path.exists(marker)
+    # what the run wrote for itself and its workers is JSON, owner-only, and rebuilds the config
+    saved = os.path.join(cfg.run_dir, SAVED_CONFIG)
+    assert load_config(saved) == cfg
+    for path in (saved, os.path.join(cfg.run_dir, WORKER_CONFIGS)):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        with open(path) as f:
+            assert json.load(f)["format"] == config_json.FORMAT
 
 
 def test_a_hostile_fileroot_is_refused_before_anything_starts(tmp_path):

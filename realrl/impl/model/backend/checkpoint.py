@@ -16,10 +16,11 @@ write that fails (a full or read-only disk) leaves the previous checkpoint as it
 every rank (none waits for the others in a collective). A file that cannot be read back raises
 ``CheckpointError`` naming it. With several ranks all of them must see one file system.
 
-Trust: the weights are safetensors and the RNG files load with ``weights_only=True`` (numbers
-and numpy's RNG arrays only), but ``engine_state.pt`` and ``extra_state_rank{r}.pt`` hold what
-engines and interfaces chose to save and are unpickled in full: loading a checkpoint runs any
-code it holds, so load only checkpoints you wrote (docs/security.md).
+Trust: the weights are safetensors and every ``*.pt`` file loads with ``weights_only=True``:
+tensors, numbers, strings, containers and numpy's RNG arrays, nothing that runs code, so a
+recover point from someone else can hold wrong numbers but cannot run a program. What engines and
+interfaces save must be made of those types: ``save_state`` refuses anything else when it is
+written (naming the types), not when a resume needs it (docs/security.md).
 """
 
 from __future__ import annotations
@@ -114,22 +115,34 @@ def _numpy_rng_globals() -> list:
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
-def _torch_load(file: str, weights_only: bool = False) -> Any:
-    """``torch.load`` of a file this module wrote, or ``CheckpointError`` naming it.
-    ``weights_only``: tensors, numbers, containers and numpy's RNG arrays, nothing that runs code."""
+def save_state(state: Any, file: str, what: str) -> None:
+    """``torch.save`` of state a recover point holds, refused (``CheckpointError`` naming ``what``
+    and the types) when it holds anything that ``load_state`` would not load without running code."""
+    torch.save(state, file)
+    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+    if unsafe:
+        raise CheckpointError(
+            f"{what} holds {', '.join(sorted(unsafe))}: a recover point holds only tensors, numbers, "
+            "strings and containers of them (it loads with torch.load(weights_only=True))"
+        )
+
+
+def load_state(file: str) -> Any:
+    """``torch.load`` of a file this module wrote, or ``CheckpointError`` naming it: tensors,
+    numbers, strings, containers and numpy's RNG arrays, nothing that runs code."""
     check_file(file)
     try:
-        if weights_only:
-            with torch.serialization.safe_globals(_numpy_rng_globals()):
-                return torch.load(file, map_location="cpu", weights_only=True)
-        return torch.load(file, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(_numpy_rng_globals()):
+            return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
         raise CheckpointError(f"{file}: cannot be read back ({type(e).__name__}: {e})") from e
 
 
 def _write_rank_files(path: str, rank: int, extra_state: Any) -> None:
     torch.save(rng_state(), os.path.join(path, f"rng_state_rank{rank}.pt"))
-    torch.save(extra_state, os.path.join(path, f"extra_state_rank{rank}.pt"))
+    save_state(
+        extra_state, os.path.join(path, f"extra_state_rank{rank}.pt"), f"the extra state of rank {rank}"
+    )
 
 
 def _collective_try(what: str, path: str, group: dist.ProcessGroup | None, fn, cleanup) -> None:
@@ -233,13 +246,13 @@ def load_checkpoint(
                 "resume with the layout and engine.fsdp setting it was saved with"
             )
         load_shards(shards)
-    engine_state = _torch_load(state_file)
+    engine_state = load_state(state_file)
     r = dp.rank(group)
     rng_file = os.path.join(path, f"rng_state_rank{r}.pt")
     if os.path.exists(rng_file):
-        set_rng_state(_torch_load(rng_file, weights_only=True))
+        set_rng_state(load_state(rng_file))
     else:
         logger.warning("checkpoint %s has no RNG state for rank %d; RNG not restored", path, r)
     extra_file = os.path.join(path, f"extra_state_rank{r}.pt")
-    extra = _torch_load(extra_file) if os.path.exists(extra_file) else None
+    extra = load_state(extra_file) if os.path.exists(extra_file) else None
     return engine_state, extra
