@@ -17,6 +17,7 @@ setup(
         "pyzmq>=25",
         "omegaconf>=2.3,<2.5",  # structured configs (hydra's config library)
         "hydra-core>=1.3.2,<1.4",  # the command line: compose API, override grammar, sweeps
+        "peft>=0.13",  # LoRA adapters (<role>.lora.*)
         "safetensors>=0.4",
         "tokenizers>=0.19",
         "numpy>=1.24",

@@ -13,6 +13,7 @@ from realrl.api.core.config import (
 )
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
+from realrl.api.core.lora import LoRAConfig
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.allocation import parse_allocation
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
@@ -33,6 +34,7 @@ class ModelTrainEvalConfig:
     attn_impl: str = "auto"  # auto | flash_attn | torch_varlen | sdpa
     offload: bool = False  # a frozen model (ref, reward): host memory between its calls
     keep_gen_copy: bool = False  # a call in another layout keeps its copy of the weights between calls
+    lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)  # rank > 0: train adapters only
 
     def __post_init__(self) -> None:
         try:
@@ -60,6 +62,8 @@ class ModelTrainEvalConfig:
             args["tokenizer_path"] = tokenizer_path
         if is_critic:
             args["critic_head_init"] = critic_head_init
+        if self.lora.enabled:
+            args["lora"] = dataclasses.asdict(self.lora)
         if self.path:
             args["path"] = self.path
         elif default_config is not None:

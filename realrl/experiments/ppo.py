@@ -217,6 +217,9 @@ class PPOConfig(CommonExperimentConfig):
     eval_prompts: int = 64  # held-out prompts (dataset.valid_path) of each evaluation during training
     tokenizer_path: str | None = None
     dynamic_sampling: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
+    # actor.lora.rank > 0 and ref.path the actor's base: ref_inf runs the actor with its adapters
+    # off (the exact reference policy, no second copy of the weights); false loads ref.path apart
+    ref_from_actor_base: bool = True
 
     CURVES = {
         "reward": ["compute_adv/task_reward", "eval/task_reward"],
@@ -255,9 +258,19 @@ class PPOConfig(CommonExperimentConfig):
             raise ValueError(f"dynamic_sampling.max_rounds must be >= 1, got {sampling.max_rounds}")
 
     def unused_groups(self) -> set[str]:
-        """Without a reward model there is no ``rew``, without GAE no ``critic``."""
-        return ({"rew"} if not self.uses_reward_model else set()) | (
-            {"critic"} if not self.uses_critic else set()
+        """Without a reward model there is no ``rew``, without GAE no ``critic``, and no ``ref``
+        when the LoRA actor's base is the reference."""
+        return (
+            ({"rew"} if not self.uses_reward_model else set())
+            | ({"critic"} if not self.uses_critic else set())
+            | ({"ref"} if self.ref_is_actor_base else set())
+        )
+
+    @property
+    def ref_is_actor_base(self) -> bool:
+        """The reference policy is the LoRA actor with its adapters off (``ref_from_actor_base``)."""
+        return (
+            self.ref_from_actor_base and self.actor.lora.enabled and self.ref.path in (None, self.actor.path)
         )
 
     def reward_spec(
@@ -298,10 +311,11 @@ class PPOConfig(CommonExperimentConfig):
                 actor.backend(trainable=True, key="actor"),
                 keep_gen_copy=actor.keep_gen_copy,
             ),
-            "ref": ModelSpec(
-                ref.model(False, tokenizer_path=tokenizer, key="ref"), ref.backend(trainable=False)
-            ),
         }
+        if not self.ref_is_actor_base:
+            models["ref"] = ModelSpec(
+                ref.model(False, tokenizer_path=tokenizer, key="ref"), ref.backend(trainable=False)
+            )
         # after the actor's: with no model path at all, the message names actor.path first
         models["reward"], ifaces.reward = self.reward_spec(tokenizer, rew_path)
         # the advantage computation holds no weights: the tokenizer only (a text truncate_token)
@@ -329,6 +343,11 @@ class PPOConfig(CommonExperimentConfig):
             ("packed_input_ids",) if self.uses_reward_model else ("packed_input_ids", "prompt_mask")
         )
         nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, self.ppo, ifaces, mb_specs, reward_inputs)
+        if self.ref_is_actor_base:
+            nodes = [
+                dataclasses.replace(m, model_name="actor", base_weights=True) if m.name == "ref_inf" else m
+                for m in nodes
+            ]
         extra: dict[str, Any] = {}
         if self.dynamic_sampling.enabled:
             nodes.append(self.dynamic_sampling.mfc(self.dataset.train_bs_n_seqs))

@@ -19,7 +19,9 @@ from realrl.api.core.system_api import ExperimentConfig, copy_name
 
 @dataclasses.dataclass(frozen=True)
 class CopyPlan:
-    """How one call uses a copy: ``realloc``: fill it from home first; ``drop``: free it after."""
+    """How one call uses a copy: ``realloc``: fill it from home first; ``drop``: free it after;
+    ``adapters_only``: the copy already holds the base (a LoRA model's frozen weights), so the
+    fill moves only what trains."""
 
     role: str
     home: Placement
@@ -27,6 +29,7 @@ class CopyPlan:
     name: str
     realloc: bool
     drop: bool
+    adapters_only: bool = False
 
 
 class CopyTracker:
@@ -45,9 +48,10 @@ class CopyTracker:
             return None
         name = copy_name(role, placement)
         realloc = self.filled.get(name) != self.versions[role]
+        adapters_only = name in self.filled and cfg.models[role].lora_rank > 0
         keep = cfg.models[role].keep_gen_copy
         if keep:
             self.filled[name] = self.versions[role]
         else:
             self.filled.pop(name, None)
-        return CopyPlan(role, home, placement, name, realloc, drop=not keep)
+        return CopyPlan(role, home, placement, name, realloc, drop=not keep, adapters_only=adapters_only)

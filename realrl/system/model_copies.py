@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from realrl.api.core import data_api, model_api
+from realrl.api.core.lora import lora_of
 from realrl.api.core.system_api import ModelShardSpec, copy_name
 from realrl.api.quickstart.memory_plan import model_config
 from realrl.impl.model.backend.config import EngineConfig, coerce
@@ -44,7 +45,7 @@ class ModelCopies:
         self.groups = groups  # per reallocation this worker takes part in: its workers, its messages
         self.specs = {s.role: s.spec for s in specs}
         self.live: dict[str, model_api.Model] = {}
-        self.plans: dict[str, ReallocPlan] = {}
+        self.plans: dict[tuple[str, bool], ReallocPlan] = {}
 
     def __getitem__(self, name: str) -> model_api.Model:
         return self.live[name]
@@ -81,15 +82,19 @@ class ModelCopies:
         }
 
     def _plan(self, order: ReallocOrder, name: str, spec: Any) -> ReallocPlan:
-        """The same plan on every worker of the order: a pure function of the two placements and
-        the architecture (cached: a copy is refilled in the same layouts every step)."""
-        if name not in self.plans:
-            cfg, engine = model_config(spec), _engine_config(spec)
+        """The same plan on every worker of the order: a pure function of the two placements, the
+        architecture and whether the copy holds the base already (cached: a copy is refilled in
+        the same layouts every step)."""
+        key = (name, order.adapters_only)
+        if key not in self.plans:
+            cfg, engine, lora = model_config(spec), _engine_config(spec), lora_of(spec.model.args)
             wire = engine.resolve_dtype(self.device)  # the copy's dtype: slices are cast before sending
-            self.plans[name] = plan_realloc(
-                model_param_specs(cfg, wire), side_for(cfg, order.src, engine.fsdp), side_for(cfg, order.dst)
+            self.plans[key] = plan_realloc(
+                model_param_specs(cfg, wire, lora, trained_only=order.adapters_only),
+                side_for(cfg, order.src, engine.fsdp, lora),
+                side_for(cfg, order.dst, lora=lora),
             )
-        return self.plans[name]
+        return self.plans[key]
 
     def _build(self, role: str, name: str, tokenizer: Any) -> model_api.Model:
         spec = self.specs[role]
@@ -98,7 +103,12 @@ class ModelCopies:
         parallel = parallel if parallel.mesh is not None else None
         dtype = engine.resolve_dtype(self.device)
         module = build_copy(
-            model_config(spec), parallel, self.device, dtype, spec.model.args.get("attn_impl", "auto")
+            model_config(spec),
+            parallel,
+            self.device,
+            dtype,
+            spec.model.args.get("attn_impl", "auto"),
+            lora_of(spec.model.args),
         )
         wrapped = InferenceEngine(module, engine, device=self.device, parallel=parallel)
         if tokenizer is None and spec.model.args.get("path"):

@@ -7,6 +7,7 @@ worker (``data_transfer``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib
 import os
@@ -26,6 +27,7 @@ from realrl.base import host_memory, logging, network, plugins, seeding
 from realrl.base.failpoints import Failpoints
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.impl.model.backend import dp, integrity
+from realrl.impl.model.nn.lora import adapters_disabled
 from realrl.impl.model.parallel.mesh import ParallelContext, build_contexts
 from realrl.system import checkpointing, names
 from realrl.system.data_transfer import TensorStore, run_transfers
@@ -384,7 +386,8 @@ class ModelWorker(WorkerBase):
         if mfc.interface_type is ModelInterfaceType.GENERATE:
             out = interface.generate(model, data, mfc.mb_spec)
         elif mfc.interface_type is ModelInterfaceType.INFERENCE:
-            out = interface.inference(model, data, mfc.mb_spec)
+            with adapters_disabled(model.module.module) if mfc.base_weights else contextlib.nullcontext():
+                out = interface.inference(model, data, mfc.mb_spec)
         else:
             raise ValueError(
                 f"MFC {mfc.name!r}: the runtime does not schedule {mfc.interface_type.value} calls"

@@ -110,6 +110,9 @@ class ReallocOrder:
     src: Placement
     dst: Placement
     first_tag: int
+    adapters_only: bool = (
+        False  # the copy holds the base already: move the LoRA adapters (and a critic's head)
+    )
 
     @property
     def workers(self) -> list[int]:

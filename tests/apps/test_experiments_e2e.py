@@ -281,3 +281,33 @@ def test_auto_recover_restarts_from_the_last_recover_point(monkeypatch, tmp_path
     calls.clear()
     with pytest.raises(run_mod.ExperimentFailedError):
         run_mod.run_one(cfg)
+
+
+def test_ppo_with_lora_moves_only_adapters_into_a_kept_copy_and_writes_peft_folders(fileroot):
+    """LoRA actor (FSDP over two workers, generating in a one-worker copy it keeps) and LoRA
+    critic: the actor is its own reference (adapters off), the first move fills the copy with
+    base and adapters, every later one moves the adapters alone, and both roles' final folders
+    hold the merged model and the peft adapter folder."""
+    from realrl.api.core.lora import LoRAConfig, adapter_param_count
+    from realrl.api.core.model_api import ReaLModelConfig
+    from realrl.experiments.common import task_model_config
+    from realrl.impl.model.nn import ReaLModel
+
+    layout = 'allocation_mode="actor_train:d2m1p1,actor_gen:d1m1p1,*:d1m1p1"'
+    lora = ("actor.lora.rank=8", "critic.lora.rank=8", "actor.keep_gen_copy=true", "actor.engine.fsdp=true")
+    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, layout, *lora, "trial_name=lora")
+    assert "ref" not in cfg.initial_setup().models
+    records = [json.loads(line) for line in open(os.path.join(cfg.run_dir, "stats.jsonl"))]
+    model_cfg = ReaLModelConfig(**task_model_config(cfg))
+    adapters = adapter_param_count(model_cfg, LoRAConfig(rank=8))
+    base = sum(p.numel() for p in ReaLModel(model_cfg, device="meta").parameters())
+    # fp32 over the wire; worker 0 holds half of every FSDP shard itself: the other half crosses
+    moved = [r["realloc/actor/bytes"] for r in records]
+    assert moved == [4 * (base + adapters) / 2, 4 * adapters / 2]  # then the adapters alone
+    assert summary["kl"] is not None and records[0]["compute_adv/ref_kl"] == pytest.approx(0.0, abs=1e-6)
+    for role in ("actor", "critic"):
+        final = os.path.join(cfg.run_dir, "checkpoints", role, "final")
+        assert {"config.json", "model.safetensors", "adapter"} <= set(os.listdir(final))
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= set(
+            os.listdir(os.path.join(final, "adapter"))
+        )

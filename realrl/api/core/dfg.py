@@ -43,6 +43,9 @@ class MFCDef:
     # the call's statistics are over the whole batch (advantage whitening, the KL controller): it
     # runs on one worker, the first of the placement the allocation gives it
     whole_batch: bool = False
+    # run on the model's base weights, its LoRA adapters off: a LoRA actor serves as its own
+    # reference model (the base never trains, so this is exactly the reference policy)
+    base_weights: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -74,6 +74,11 @@ class ModelSpec:
         """A frozen model kept in host memory between its calls (the inference backend's option)."""
         return bool(self.backend.args.get("offload", False))
 
+    @property
+    def lora_rank(self) -> int:
+        """The rank of the LoRA adapters the model factory adds (``"lora"`` in its args); 0: none."""
+        return int((self.model.args.get("lora") or {}).get("rank", 0))
+
 
 @dataclasses.dataclass
 class ModelShardSpec:
@@ -391,6 +396,18 @@ class ExperimentConfig:
                     f"model {role!r} has no weights to split, but its layout is {split[0]}; give the "
                     f"roles with weights their tensor-parallel layout and the others d<n>m1p1, e.g. "
                     f"'allocation_mode=\"actor:{split[0]},*:d1m1p1\"'"
+                )
+            rank = self.models[role].lora_rank
+            if split and rank:
+                raise ValueError(
+                    f"model {role!r} trains LoRA adapters ({role}.lora.rank={rank}), which tensor "
+                    f"parallelism does not split, but a layout of it is {split[0]}; use data parallelism "
+                    f"or FSDP for it (d<n>m1p1, {role}.engine.fsdp=true)"
+                )
+        for mfc in self.mfcs:
+            if mfc.base_weights and not self.models[mfc.role].lora_rank:
+                raise ValueError(
+                    f"MFC {mfc.name!r} runs on the base weights of {mfc.role!r}, which has no LoRA adapters"
                 )
 
     def _check_dynamic_sampling(self) -> None:

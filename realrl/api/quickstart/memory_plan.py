@@ -9,6 +9,8 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
   biases and the critic head are replicated. pp divides the layers (the runtime refuses pp > 1).
 - ``engine.fsdp`` shards weights, gradients and optimizer state over dp; a call gathers one block
   and the root unit (embedding, final norm, head), a generate call every unit (``parallel/fsdp.py``).
+- LoRA (``<role>.lora.rank`` > 0): the adapters' fp32 weights beside the base; gradients and
+  optimizer state for the adapters (and a critic's head) only.
 - Resident between calls: weights + optimizer state (offloaded roles: nothing). Only during a
   call: gradients (set to None after each step), the KV cache, activations (an estimate) and the
   weights of an offloaded role.
@@ -29,6 +31,7 @@ from typing import Any
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.layout_fit import check_tensor_parallel
+from realrl.api.core.lora import adapter_param_count, lora_of
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 
@@ -215,7 +218,14 @@ def role_memory(
     whole, params = params, math.ceil(params / layout.dp) if fsdp else params
     wbytes = 4 if engine == "train" else _DTYPE_BYTES[econf.get("dtype", "auto")]
     train = engine == "train"
-    weights, grads, optimizer = wbytes * params, 4 * params * train, 8 * params * train
+    lora = lora_of(spec.model.args)
+    if lora is not None:  # the adapters ride beside the base; only they (and a critic's head) train
+        adapters = adapter_param_count(cfg, lora)
+        adapters = math.ceil(adapters / layout.dp) if fsdp else adapters
+        trained = adapters + (cfg.hidden_dim + 1) * cfg.is_critic
+        weights, grads, optimizer = wbytes * params + 4 * adapters, 4 * trained * train, 8 * trained * train
+    else:
+        weights, grads, optimizer = wbytes * params, 4 * params * train, 8 * params * train
     offload = spec.offload or (copy is not None and not spec.keep_gen_copy)  # off the device between calls
     root = whole - math.ceil(cfg.n_layers / layout.pp) * layer  # embedding, final norm, head
     gathered = {

@@ -3,6 +3,9 @@
 Layout of ``<dir>``:
   config.json, model.safetensors ...  the module's ``save_pretrained`` output (loads with HF), or
   model.safetensors                   the state dict when the module has no ``save_pretrained``
+  adapters.safetensors                instead of both above for a module with LoRA adapters: the
+                                      parameters it trains only (the base is rebuilt from its
+                                      checkpoint, and checked against a fingerprint kept here)
   sharded/                            instead of both above for a sharded (tensor-parallel or FSDP)
                                       module: every rank's shards of weights and optimizer state
                                       (``torch.distributed.checkpoint``), loadable with the same layout
@@ -38,12 +41,14 @@ import torch.distributed as dist
 
 from realrl.base import logging
 from realrl.impl.model.backend import dp
+from realrl.impl.model.backend.activation_checkpointing import own_named_parameters
 from realrl.impl.model.backend.integrity import CheckpointError, check_file, replace_dir
 
 logger = logging.getLogger("checkpoint")
 
 ENGINE_STATE = "engine_state.pt"
 WEIGHTS = "model.safetensors"
+ADAPTERS = "adapters.safetensors"
 SHARDED = "sharded"
 
 
@@ -89,6 +94,52 @@ def _untied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[k] = v.clone() if ptr in seen else v
         seen.add(ptr)
     return out
+
+
+def _adapted(module: torch.nn.Module) -> bool:
+    """A model with LoRA adapters (``nn/lora.py``): it trains those only."""
+    return getattr(module, "lora", None) is not None
+
+
+def _base_fingerprint(module: torch.nn.Module) -> str:
+    """The frozen weights' sum per tensor, summed in float64: a resume onto another base (another
+    checkpoint, another seed) would otherwise continue silently from the wrong weights."""
+    total = sum(
+        float(p.detach().double().sum()) for _, p in own_named_parameters(module) if not p.requires_grad
+    )
+    return repr(total)
+
+
+def _save_adapters(module: torch.nn.Module, path: str) -> None:
+    trained = {n: p.detach() for n, p in own_named_parameters(module) if p.requires_grad}
+    meta = {"format": "pt", "base_fingerprint": _base_fingerprint(module)}
+    safetensors.torch.save_file(_untied(trained), os.path.join(path, ADAPTERS), metadata=meta)
+
+
+def _load_adapters(module: torch.nn.Module, path: str) -> None:
+    file = os.path.join(path, ADAPTERS)
+    if not os.path.exists(file):
+        raise FileNotFoundError(
+            f"checkpoint {path!r} has no {ADAPTERS}: it was not saved by a model with adapters"
+        )
+    check_file(file)
+    with safetensors.safe_open(file, "pt") as f:
+        saved = (f.metadata() or {}).get("base_fingerprint")
+    if saved != _base_fingerprint(module):
+        raise CheckpointError(
+            f"{file}: the adapters were trained on other base weights (fingerprint {saved}, this model's "
+            f"{_base_fingerprint(module)}); resume with the model path and seed the run was saved with"
+        )
+    trained = {n for n, p in own_named_parameters(module) if p.requires_grad}
+    loaded = safetensors.torch.load_file(file, device=str(next(module.parameters()).device))
+    if set(loaded) != trained:
+        raise CheckpointError(
+            f"{file}: holds {sorted(set(loaded) ^ trained)[:4]}... unlike this model's adapters"
+        )
+    params = dict(own_named_parameters(module))
+    with torch.no_grad():
+        for name, value in loaded.items():
+            params[name].copy_(value)
 
 
 def load_module_weights(module: torch.nn.Module, path: str) -> None:
@@ -190,7 +241,9 @@ def save_checkpoint(
         if r == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
-            if sharded_state is None:
+            if sharded_state is None and _adapted(module):
+                _save_adapters(module, tmp)
+            elif sharded_state is None:
                 save_module_weights(module, tmp)
             torch.save(engine_state, os.path.join(tmp, ENGINE_STATE))
 
@@ -236,7 +289,9 @@ def load_checkpoint(
     state_file = os.path.join(path, ENGINE_STATE)
     if not os.path.exists(state_file):
         raise FileNotFoundError(f"{path!r} holds no {ENGINE_STATE}: it is not a training checkpoint")
-    if load_shards is None:
+    if load_shards is None and _adapted(module):
+        _load_adapters(module, path)
+    elif load_shards is None:
         load_module_weights(module, path)
     else:
         shards = os.path.join(path, SHARDED)

@@ -31,6 +31,7 @@ from realrl.impl.model.comm.realloc_plan import (
     ReallocPlan,
     Side,
 )
+from realrl.impl.model.nn.lora import LoRAConfig, add_adapters, trained_param_names
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.dtensor import local
 from realrl.impl.model.parallel.mesh import ParallelContext, comm_device
@@ -57,19 +58,23 @@ def _style_dims(style: object, module: nn.Module) -> dict[str, int | None]:
     return {"weight": 1, "bias": None}  # row-wise: the bias is added once, after the all-reduce
 
 
-def _meta_model(cfg: ReaLModelConfig) -> ReaLModel:
-    """The model's structure without values (parameter names, shapes, module kinds)."""
+def _meta_model(cfg: ReaLModelConfig, lora: LoRAConfig | None = None) -> ReaLModel:
+    """The model's structure without values (parameter names, shapes, module kinds), with its
+    LoRA adapters when it has them."""
     with torch.random.fork_rng(devices=[]):  # the model draws a critic-head seed: the caller's RNG stays
-        return ReaLModel(cfg, device="meta")
+        model = ReaLModel(cfg, device="meta")
+        if lora is not None:
+            add_adapters(model, lora)
+    return model
 
 
-def split_dims_for(cfg: ReaLModelConfig, tp: int) -> dict[str, int | None]:
+def split_dims_for(cfg: ReaLModelConfig, tp: int, lora: LoRAConfig | None = None) -> dict[str, int | None]:
     """Parameter -> the dim tensor parallelism over ``tp`` ranks splits (None: whole), read from
     the same plan ``apply_tensor_parallel`` applies. Depends on ``tp``: the vocabulary splits only
     when it divides."""
     from realrl.impl.model.parallel.tensor_parallel import plan_for
 
-    model = _meta_model(cfg)
+    model = _meta_model(cfg, lora)
     # named_parameters: a tied head is the embedding's weight, under the embedding's name only
     dims: dict[str, int | None] = {n: None for n, _ in model.named_parameters()}
     if tp == 1:
@@ -82,9 +87,12 @@ def split_dims_for(cfg: ReaLModelConfig, tp: int) -> dict[str, int | None]:
     return dims
 
 
-def side_for(cfg: ReaLModelConfig, placement: Placement, fsdp: bool = False) -> Side:
+def side_for(
+    cfg: ReaLModelConfig, placement: Placement, fsdp: bool = False, lora: LoRAConfig | None = None
+) -> Side:
     """The plan's view of ``cfg`` laid out on ``placement`` (``fsdp``: as ``apply_fsdp`` shards)."""
-    return Side(placement, split_dims_for(cfg, placement.layout.tp), fsdp and placement.layout.dp > 1)
+    dims = split_dims_for(cfg, placement.layout.tp, lora)
+    return Side(placement, dims, fsdp and placement.layout.dp > 1)
 
 
 def param_specs(module: nn.Module, wire_dtype: torch.dtype | None = None) -> dict[str, ParamSpec]:
@@ -94,10 +102,16 @@ def param_specs(module: nn.Module, wire_dtype: torch.dtype | None = None) -> dic
     return {n: ParamSpec(tuple(p.shape), wire_dtype or p.dtype) for n, p in own_named_parameters(module)}
 
 
-def model_param_specs(cfg: ReaLModelConfig, wire_dtype: torch.dtype) -> dict[str, ParamSpec]:
-    """``param_specs`` of a ReaLModel of ``cfg`` without building one: what a worker that holds
-    neither side yet (or holds them in another dtype) plans with."""
-    return param_specs(_meta_model(cfg), wire_dtype)
+def model_param_specs(
+    cfg: ReaLModelConfig, wire_dtype: torch.dtype, lora: LoRAConfig | None = None, trained_only: bool = False
+) -> dict[str, ParamSpec]:
+    """``param_specs`` of a ReaLModel of ``cfg`` (with ``lora``'s adapters) without building one:
+    what a worker that holds neither side yet (or holds them in another dtype) plans with.
+    ``trained_only``: the adapters (and a critic's head) alone, for a copy that holds the base."""
+    specs = param_specs(_meta_model(cfg, lora), wire_dtype)
+    if trained_only:
+        specs = {n: specs[n] for n in trained_param_names(list(specs), cfg.is_critic)}
+    return specs
 
 
 # ---------------------------------------------------------------- an empty model for a layout
@@ -109,6 +123,7 @@ def build_copy(
     device: torch.device | str,
     dtype: torch.dtype,
     attn_impl: str = "auto",
+    lora: LoRAConfig | None = None,
 ) -> ReaLModel:
     """An empty ReaLModel laid out for ``parallel``, to be filled by ``reallocate``: split by
     tensor parallelism when tp > 1, never sharded by FSDP (a copy serves generation and
@@ -117,6 +132,8 @@ def build_copy(
 
     with torch.random.fork_rng(devices=[]):  # weights come from the source; the caller's RNG stays
         model = ReaLModel(cfg, dtype=dtype, device="meta", attn_impl=attn_impl)
+        if lora is not None:  # the same adapters as the home model (names, shapes): filled from it
+            add_adapters(model, lora)
     if parallel is not None and parallel.mesh is not None and parallel.layout.tp > 1:
         apply_tensor_parallel(model, parallel.tp_mesh)
     model.materialize(device)

@@ -9,7 +9,9 @@ import torch
 
 from realrl.api.core.config import ModelName
 from realrl.api.core.data_api import load_hf_tokenizer
+from realrl.api.core.lora import LoRAConfig, lora_of
 from realrl.api.core.model_api import Model, ReaLModelConfig, register_model
+from realrl.impl.model.nn.lora import add_adapters
 from realrl.impl.model.nn.real_model import ReaLModel
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -51,12 +53,14 @@ def make_real_model(
     tokenizer_path: str | None = None,
     critic_head_init: str = "reward",
     parallel: Any = None,
+    lora: dict[str, Any] | LoRAConfig | None = None,
 ) -> Model:
     """A ReaLModel from an HF checkpoint folder (``path``) or random weights (``config``).
 
     ``parallel`` (the model's ``ParallelContext``, given by the model worker): a checkpoint is
     loaded already split over its tensor-parallel ranks, each reading only its slices. Random
-    weights are drawn whole (every rank the same) and split by the backend."""
+    weights are drawn whole (every rank the same) and split by the backend. ``lora``
+    (``nn/lora.py``'s options, rank > 0): peft adapters on the loaded weights, the rest frozen."""
     torch_dtype = parse_dtype(dtype)
     if (path is None) == (config is None):
         raise ValueError(
@@ -82,6 +86,14 @@ def make_real_model(
             attn_impl=attn_impl,
             critic_head_init=critic_head_init,
         )
+    module.base_path = path
+    adapters = lora_of({"lora": lora})
+    if adapters is not None:
+        if parallel is not None and parallel.layout.tp > 1:
+            raise ValueError(
+                f"model {name}: LoRA adapters are not split by tensor parallelism; use d or FSDP"
+            )
+        add_adapters(module, adapters, seed=module.critic_head_seed)
     return Model(name, module, _tokenizer(tokenizer_path, path), device=device, dtype=module.dtype)
 
 

@@ -24,7 +24,8 @@ from realrl.impl.model.modules.attention import activation_dtype
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_attention_kernels
 from realrl.impl.model.nn.sampling import answer_keys, eos_tensor, next_tokens, random_keys
 from realrl.impl.model.nn.static_decode import DecodeTrace, StaticDecoder, cache_capacity
-from realrl.impl.model.nn.transformer_block import is_sharded, linear
+from realrl.impl.model.nn.transformer_block import linear
+from realrl.impl.model.parallel.dtensor import is_dtensor
 from realrl.impl.model.parallel.fsdp import is_fsdp
 
 logger = logging.getLogger("generation")
@@ -102,7 +103,7 @@ def decoding_mode(model, g: GenerationHyperparameters, device: torch.device) -> 
     """How ``model``'s decoding steps run on ``device``: ``choose_decoding`` with the model's facts
     (split by tensor parallelism: its layers' weights are DTensors; sharded by FSDP: ``is_fsdp``,
     also inside ``gathered()``, where the weights are whole and plain)."""
-    tensor_parallel = len(model.layers) > 0 and is_sharded(model.layers[0].attn.q)
+    tensor_parallel = len(model.layers) > 0 and is_dtensor(model.layers[0].attn.q.weight)
     return choose_decoding(g.decoding, device.type, tensor_parallel, is_fsdp(model))
 
 

@@ -18,6 +18,7 @@ import torch
 
 import realrl.api.from_hf  # noqa: F401  (registers the families)
 from realrl.api.core.model_api import HFFamily, ReaLModelConfig, get_hf_family, hf_family_for_model_type
+from realrl.impl.model.nn import lora
 
 CRITIC_HEAD_FILE = "critic_head.safetensors"
 CRITIC_MARKER = "realrl_critic"
@@ -290,6 +291,9 @@ def save_pretrained(
     hf_cfg.dtype = model.dtype
     source = model.state_dict() if state_dict is None else state_dict
     sd = {k: v.detach().cpu().contiguous() for k, v in source.items()}
+    adapted = sd if model.lora is not None else None
+    if adapted is not None:  # the merged model here, the adapters alone under adapter/
+        sd = lora.merged_state_dict(adapted, model.lora)
     head = {k[len("head.") :]: sd.pop(k) for k in list(sd) if k.startswith("head.")} if cfg.is_critic else {}
     hf_sd = family.sd_to_hf(sd, cfg)
 
@@ -309,6 +313,15 @@ def save_pretrained(
                 json.dump(raw, f, indent=2, sort_keys=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if adapted is not None:
+            lora.save_adapter_folder(
+                adapted,
+                model.lora,
+                lambda part: family.sd_to_hf(part, cfg),
+                os.path.join(tmp, lora.ADAPTER_DIR),
+                model.base_path,
+                cfg.is_critic,
+            )
         _swap_into_place(tmp, save_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

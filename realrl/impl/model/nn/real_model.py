@@ -73,6 +73,8 @@ class ReaLModel(nn.Module):
         # to be filled shard by shard, nothing else draws from the generator)
         self.critic_head_seed = int(torch.randint(0, 2**62, (1,)))
         self.critic_head_init = critic_head_init
+        self.lora = None  # nn/lora.py's LoRAConfig once adapters are added
+        self.base_path: str | None = None  # the checkpoint the weights came from (a peft folder names it)
         self.requested_attn_impl = attn_impl
         # re-resolved when inputs come on another device type or activations in another dtype
         self._attn_key = (torch.device(device or "cpu").type, dtype or torch.get_default_dtype())

@@ -11,6 +11,7 @@ from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.mlp import MLP
 from realrl.impl.model.modules.norm import RMSNorm, make_norm
 from realrl.impl.model.modules.rotary import apply_rotary
+from realrl.impl.model.nn.lora import is_adapter_layer
 from realrl.impl.model.parallel.dtensor import is_dtensor
 
 
@@ -34,9 +35,9 @@ class Attention(nn.Module):
         self.qk_layernorm = cfg.qk_layernorm
 
     def qkv(self, x: torch.Tensor, cache: DecodeWeights | None) -> torch.Tensor:
-        """[T, (hq + 2 hkv) d]: fused into one matmul, or three sharded linears under tensor
-        parallelism (the heads of this rank only)."""
-        if is_sharded(self.q):
+        """[T, (hq + 2 hkv) d]: fused into one matmul, or three linears running their own forward
+        (sharded under tensor parallelism: the heads of this rank only; or LoRA layers)."""
+        if any(map(own_forward, (self.q, self.k, self.v))):
             return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
         return project(x, cache, self, self.fused_qkv)
 
@@ -72,15 +73,16 @@ class Attention(nn.Module):
         return linear(out.reshape(out.shape[0], hq * d), ctx.weight_cache, self.o)
 
 
-def is_sharded(module: nn.Linear) -> bool:
-    """Whether a tensor-parallel plan made this linear's weight a DTensor: it then runs through its
-    own forward, whose hooks lay inputs and outputs out over the mesh."""
-    return is_dtensor(module.weight)
+def own_forward(module: nn.Module) -> bool:
+    """Whether this linear must run through its own forward rather than its weight alone: a
+    tensor-parallel plan made its weight a DTensor (the forward's hooks lay inputs and outputs
+    out over the mesh), or it is a LoRA layer (``W`` alone misses the adapters, nn/lora.py)."""
+    return is_dtensor(module.weight) or is_adapter_layer(module)
 
 
-def linear(x: torch.Tensor, cache: DecodeWeights | None, module: nn.Linear) -> torch.Tensor:
-    """``module(x)``; through the decoding weights (``project``) unless it is sharded."""
-    if is_sharded(module):
+def linear(x: torch.Tensor, cache: DecodeWeights | None, module: nn.Module) -> torch.Tensor:
+    """``module(x)``; through the decoding weights (``project``) unless it runs its own forward."""
+    if own_forward(module):
         return module(x)
     return project(x, cache, module, _plain(module))
 
@@ -103,7 +105,7 @@ def gate_up(h: torch.Tensor, cache: DecodeWeights | None, mlp: MLP) -> tuple[tor
     on those ran ~30% slower on CPU than the second matmul dispatch costs (toy RM step, T=2.5k,
     I=256). Decoding (a cache, a few rows): one fused matmul, where dispatch is what counts.
     """
-    if is_sharded(mlp.up):
+    if own_forward(mlp.gate) or own_forward(mlp.up):
         return mlp.gate(h), mlp.up(h)
     if cache is None:
         return F.linear(h, mlp.gate.weight, mlp.gate.bias), F.linear(h, mlp.up.weight, mlp.up.bias)
