@@ -90,6 +90,22 @@ class ModelTrainEvalConfig:
         return ModelBackendAbstraction("inference", {"engine": engine, "offload": self.offload})
 
 
+def ref_is_actor_base(enabled: bool, actor: ModelTrainEvalConfig, ref: ModelTrainEvalConfig) -> bool:
+    """Whether the reference policy is the LoRA actor with its adapters off (no second copy of
+    the weights, and exactly the reference: the base never trains): asked for
+    (``ref_from_actor_base``), the actor trains adapters, and ``ref.path`` is unset or the
+    actor's own base."""
+    return enabled and actor.lora.enabled and ref.path in (None, actor.path)
+
+
+def reference_on_actor(nodes: list[MFCDef], ref_call: str = "ref_inf") -> list[MFCDef]:
+    """``nodes`` with ``ref_call`` moved onto the actor's model, its adapters off."""
+    return [
+        dataclasses.replace(m, model_name="actor", base_weights=True) if m.name == ref_call else m
+        for m in nodes
+    ]
+
+
 def mfc(
     name: str,
     role: str,

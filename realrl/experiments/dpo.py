@@ -10,7 +10,13 @@ from realrl.api.core.dfg import ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
-from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
+from realrl.experiments.common import (
+    ModelTrainEvalConfig,
+    experiment_config,
+    mfc,
+    ref_is_actor_base,
+    reference_on_actor,
+)
 from realrl.experiments.datasets import PairedComparisonDatasetConfig
 
 
@@ -23,6 +29,9 @@ class DPOConfig(CommonExperimentConfig):
     loss_type: str = "sigmoid"  # sigmoid | ipo
     label_smoothing: float = 0.0
     tokenizer_path: str | None = None
+    # actor.lora.rank > 0 and ref.path the actor's base: ref_inf runs the actor with its adapters
+    # off instead of a second copy of the weights; false loads ref.path apart
+    ref_from_actor_base: bool = True
 
     CURVES = {
         "loss": ["actor_train/loss"],
@@ -36,6 +45,10 @@ class DPOConfig(CommonExperimentConfig):
         check_choice("loss_type", self.loss_type, ("sigmoid", "ipo"))
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
+
+    def unused_groups(self) -> set[str]:
+        """No ``ref`` when the LoRA actor's base is the reference."""
+        return {"ref"} if ref_is_actor_base(self.ref_from_actor_base, self.actor, self.ref) else set()
 
     def initial_setup(self) -> ExperimentConfig:
         self.experiment_name = self.experiment_name or "dpo"
@@ -76,10 +89,13 @@ class DPOConfig(CommonExperimentConfig):
                 actor.model(False, tokenizer_path=tokenizer, key="actor"),
                 actor.backend(trainable=True, key="actor"),
             ),
-            "ref": ModelSpec(
-                ref.model(False, tokenizer_path=tokenizer, key="ref"), ref.backend(trainable=False)
-            ),
         }
+        if ref_is_actor_base(self.ref_from_actor_base, self.actor, self.ref):
+            nodes = reference_on_actor(nodes)
+        else:
+            models["ref"] = ModelSpec(
+                ref.model(False, tokenizer_path=tokenizer, key="ref"), ref.backend(trainable=False)
+            )
         valid = [self.dataset.abstraction(valid_path)] if valid_path else []
         return experiment_config(
             self, nodes, models, [self.dataset.abstraction(train_path)], tokenizer, valid

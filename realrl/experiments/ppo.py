@@ -15,7 +15,13 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import DynamicSampling, ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
-from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
+from realrl.experiments.common import (
+    ModelTrainEvalConfig,
+    experiment_config,
+    mfc,
+    ref_is_actor_base,
+    reference_on_actor,
+)
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
 from realrl.impl.interface.ppo_advantages import advantage_inputs, advantage_outputs
 from realrl.impl.interface.ppo_config import PPOHyperparameters
@@ -268,10 +274,7 @@ class PPOConfig(CommonExperimentConfig):
 
     @property
     def ref_is_actor_base(self) -> bool:
-        """The reference policy is the LoRA actor with its adapters off (``ref_from_actor_base``)."""
-        return (
-            self.ref_from_actor_base and self.actor.lora.enabled and self.ref.path in (None, self.actor.path)
-        )
+        return ref_is_actor_base(self.ref_from_actor_base, self.actor, self.ref)
 
     def reward_spec(
         self, tokenizer: str | None, path: str | None
@@ -344,10 +347,7 @@ class PPOConfig(CommonExperimentConfig):
         )
         nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, self.ppo, ifaces, mb_specs, reward_inputs)
         if self.ref_is_actor_base:
-            nodes = [
-                dataclasses.replace(m, model_name="actor", base_weights=True) if m.name == "ref_inf" else m
-                for m in nodes
-            ]
+            nodes = reference_on_actor(nodes)
         extra: dict[str, Any] = {}
         if self.dynamic_sampling.enabled:
             nodes.append(self.dynamic_sampling.mfc(self.dataset.train_bs_n_seqs))

@@ -231,3 +231,13 @@ def test_bench_faults(tmp_path):
     ((_, seconds, code, clean),) = table_rows(out, "SIGTERM")
     assert is_number(seconds) and code == "143" and clean == "yes", out
     figures(r"^\| SIGINT \(started as .*\| ([\d.]+) \| 130 \| yes \|$", out)
+
+
+def test_bench_lora(tmp_path, job_root):
+    out = run_bench("bench_lora.py", tmp_path, "--fileroot", job_root)
+    for row in ("parameters trained", "optimizer state (MiB)", "moved per realloc (MiB)"):
+        ((full, lora, ratio),) = figures(rf"^{re.escape(row)}\s+({NUMBER})\s+({NUMBER})\s+({NUMBER})x$", out)
+        assert float(ratio) < 1.0, (row, full, lora)  # LoRA trains, holds and moves less
+    for label in ("grpo-full", "grpo-lora"):
+        ((_, *cells),) = [line.split() for line in out.splitlines() if line.startswith(label)]
+        assert len(cells) == 3 and all(re.fullmatch(NUMBER, c) for c in cells), cells
