@@ -42,6 +42,11 @@ class ModelTrainEvalConfig:
         except ValueError as e:  # named by the field the user sets, n_mbs or max_tokens_per_mb
             raise ValueError(str(e).removeprefix("MicroBatchSpec.")) from None
         check_choice("attn_impl", self.attn_impl, ATTN_IMPLS)
+        if self.lora.enabled and self.lora.dropout > 0 and self.engine.disable_dropout:
+            raise ValueError(
+                f"lora.dropout={self.lora.dropout:g} would be zeroed by engine.disable_dropout=true (the "
+                "default: RL policies train without dropout); set engine.disable_dropout=false beside it"
+            )
 
     def mb_spec(self) -> MicroBatchSpec:
         return MicroBatchSpec(self.n_mbs, self.max_tokens_per_mb)

@@ -4,6 +4,7 @@ the options, layouts and memory plan know about them."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import peft
@@ -208,4 +209,56 @@ def test_the_memory_plan_holds_optimizer_state_for_adapters_only(tmp_path):
     model_cfg = ReaLModelConfig(**task_model_config(cfg))
     adapters = adapter_param_count(model_cfg, LoRAConfig(rank=8))
     assert plans[8].optimizer == 8 * adapters and plans[0].optimizer == 8 * plans[0].params
-    assert plans[8].weights == plans[0].weights + 4 * adapters
+    assert plans[0].weights == 4 * plans[0].params  # fp32 master weights
+    assert plans[8].weights == 2 * plans[8].params + 4 * adapters  # the base in bf16, adapters fp32
+
+
+def test_gpt2_keeps_the_merged_model_and_says_why_there_is_no_adapter_folder(tmp_path):
+    """gpt2 stores q, k and v fused and its projections transposed (Conv1D): peft's layers there
+    are not ours, so the folder holds the merged model only, and the log says so."""
+    torch.manual_seed(0)
+    hf = transformers.GPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        vocab_size=17,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    transformers.AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "base")
+    model = ReaLModel.from_pretrained(str(tmp_path / "base"))
+    add_adapters(model, LoRAConfig(rank=RANK, target_modules=["o", "up"]), seed=1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.2)
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log = logging.getLogger("realrl.hf_io")
+    log.addHandler(handler)
+    try:
+        model.save_pretrained(str(tmp_path / "final"))
+    finally:
+        log.removeHandler(handler)
+    assert ADAPTER_DIR not in os.listdir(tmp_path / "final")
+    assert any("the merged model only" in line and "fused or transposed" in line for line in lines), lines
+    merged = ReaLModel.from_pretrained(str(tmp_path / "final"))
+    torch.testing.assert_close(forward(merged), forward(model), rtol=1e-5, atol=1e-5)
+
+
+def test_in_bf16_the_base_is_stored_in_bf16_and_the_adapters_train_in_fp32():
+    from realrl.impl.model.backend import EngineConfig
+
+    model = adapted()
+    engine = TrainEngine(model, OptimizerConfig(lr=1e-2), EngineConfig(dtype="bf16"), total_train_steps=4)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert all(d == torch.float32 for n, d in dtypes.items() if "lora_" in n or n.endswith("ln.weight"))
+    assert dtypes["embed.wte.weight"] == dtypes["layers.0.attn.q.base_layer.weight"] == torch.bfloat16
+    before = base_params(model)
+    for i in range(2):
+        step(engine, i)
+    assert all(torch.equal(before[k], v) for k, v in base_params(model).items())
+    assert torch.isfinite(forward(model)).all()

@@ -9,8 +9,9 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
   biases and the critic head are replicated. pp divides the layers (the runtime refuses pp > 1).
 - ``engine.fsdp`` shards weights, gradients and optimizer state over dp; a call gathers one block
   and the root unit (embedding, final norm, head), a generate call every unit (``parallel/fsdp.py``).
-- LoRA (``<role>.lora.rank`` > 0): the adapters' fp32 weights beside the base; gradients and
-  optimizer state for the adapters (and a critic's head) only.
+- LoRA (``<role>.lora.rank`` > 0): the adapters' fp32 weights beside the base, which a trained
+  model keeps in the engine's dtype (fp32 under FSDP); gradients and optimizer state for the
+  adapters (and a critic's head) only.
 - Resident between calls: weights + optimizer state (offloaded roles: nothing). Only during a
   call: gradients (set to None after each step), the KV cache, activations (an estimate) and the
   weights of an offloaded role.
@@ -223,7 +224,9 @@ def role_memory(
         adapters = adapter_param_count(cfg, lora)
         adapters = math.ceil(adapters / layout.dp) if fsdp else adapters
         trained = adapters + (cfg.hidden_dim + 1) * cfg.is_critic
-        weights, grads, optimizer = wbytes * params + 4 * adapters, 4 * trained * train, 8 * trained * train
+        # a trained LoRA model keeps its frozen base in the engine's dtype (not under FSDP)
+        base_bytes = _DTYPE_BYTES[econf.get("dtype", "auto")] if train and not fsdp else wbytes
+        weights, grads, optimizer = base_bytes * params + 4 * adapters, 4 * trained * train, 8 * trained * train
     else:
         weights, grads, optimizer = wbytes * params, 4 * params * train, 8 * params * train
     offload = spec.offload or (copy is not None and not spec.keep_gen_copy)  # off the device between calls

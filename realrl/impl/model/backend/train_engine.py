@@ -41,6 +41,7 @@ from realrl.impl.model.backend.engine import INPUT_KEY, InferenceEngine, OutputI
 from realrl.impl.model.backend.loss_scaler import LossScaler
 from realrl.impl.model.backend.lr_schedule import LRScheduler
 from realrl.impl.model.backend.optim import build_optimizer
+from realrl.impl.model.nn.lora import keep_frozen_in
 from realrl.impl.model.parallel.grad_norm import clip_grad_norm
 from realrl.impl.model.parallel.mesh import ParallelContext
 
@@ -72,6 +73,8 @@ class TrainEngine(InferenceEngine):
         parallel: ParallelContext | None = None,
     ) -> None:
         super().__init__(module, engine_config, device, parallel)
+        if getattr(module, "lora", None) is not None and self.dtype != torch.float32 and not self.fsdp:
+            keep_frozen_in(module, self.dtype)  # the frozen base in bf16/fp16, the adapters in fp32
         self.optimizer_config = optimizer_config or OptimizerConfig()
         dp.world_size(self.dp_group)  # fail early if the group is unusable
         if self.fsdp:

@@ -18,8 +18,10 @@ import torch
 
 import realrl.api.from_hf  # noqa: F401  (registers the families)
 from realrl.api.core.model_api import HFFamily, ReaLModelConfig, get_hf_family, hf_family_for_model_type
+from realrl.base import logging
 from realrl.impl.model.nn import lora
 
+logger = logging.getLogger("hf_io")
 CRITIC_HEAD_FILE = "critic_head.safetensors"
 CRITIC_MARKER = "realrl_critic"
 _WEIGHTS_FILE = "model.safetensors"
@@ -314,14 +316,17 @@ def save_pretrained(
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if adapted is not None:
-            lora.save_adapter_folder(
-                adapted,
-                model.lora,
-                lambda part: family.sd_to_hf(part, cfg),
-                os.path.join(tmp, lora.ADAPTER_DIR),
-                model.base_path,
-                cfg.is_critic,
-            )
+            try:
+                lora.save_adapter_folder(
+                    adapted,
+                    model.lora,
+                    lambda part: family.sd_to_hf(part, cfg),
+                    os.path.join(tmp, lora.ADAPTER_DIR),
+                    model.base_path,
+                    cfg.is_critic,
+                )
+            except lora.NoAdapterFolder as e:
+                logger.warning("%s: the merged model only, no %s/ folder: %s", save_dir, lora.ADAPTER_DIR, e)
         _swap_into_place(tmp, save_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

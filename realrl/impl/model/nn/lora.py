@@ -31,6 +31,11 @@ ADAPTER_NAME = "default"  # peft's name of the one adapter a model holds
 PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the base model's parameter names
 
 
+class NoAdapterFolder(ValueError):
+    """The family has no Hugging Face module of its own for an adapted linear (gpt2 fuses q, k
+    and v into one): its adapters cannot be written as a peft folder."""
+
+
 def add_adapters(module: nn.Module, cfg: LoRAConfig, seed: int = 0) -> None:
     """Inject peft LoRA layers into ``module``'s target linears (in place). Adapters start the
     same on every rank (drawn from ``seed``, not from the caller's RNG); only they, and a
@@ -46,6 +51,19 @@ def add_adapters(module: nn.Module, cfg: LoRAConfig, seed: int = 0) -> None:
     if getattr(module.config, "is_critic", False):
         module.head.requires_grad_(True)  # a new value head: trained with the adapters
     module.lora = cfg
+
+
+@torch.no_grad()
+def keep_frozen_in(module: nn.Module, dtype: torch.dtype) -> int:
+    """Store the frozen weight matrices (the base's linears and embeddings) in ``dtype`` (bf16:
+    half the base's memory) while the adapters keep training in fp32; 1-D weights (norms,
+    biases) stay as they are. Returns how many tensors were converted."""
+    n = 0
+    for p in module.parameters():
+        if not p.requires_grad and p.ndim >= 2 and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+            n += 1
+    return n
 
 
 def is_adapter_layer(module: nn.Module) -> bool:
@@ -151,17 +169,16 @@ def save_adapter_folder(
 
 
 def _hf_module_name(layer: str, to_hf) -> str:
-    """``layers.0.attn.q`` -> ``model.layers.0.self_attn.q_proj`` through the family's renaming."""
-    probe = torch.empty(0)
+    """``layers.0.attn.q`` -> ``model.layers.0.self_attn.q_proj`` through the family's renaming;
+    ``NoAdapterFolder`` when the family stores the weight otherwise than renamed (fused with
+    others, or transposed as gpt2's Conv1D modules are): peft's layers there differ from ours."""
+    probe = torch.empty(2, 3)
     try:
         renamed = to_hf({f"{layer}.weight": probe})
-    except KeyError as e:
-        raise ValueError(f"cannot name {layer!r} in the Hugging Face layout: {e}") from None
-    if len(renamed) != 1:
-        raise ValueError(
-            f"{layer!r} has no Hugging Face module of its own (this family fuses it with others): "
-            "its adapters cannot be written as a peft folder"
-        )
+    except KeyError as e:  # gpt2 asks for q, k and v together
+        raise NoAdapterFolder(f"{layer!r} has no Hugging Face module of its own ({e})") from None
+    if len(renamed) != 1 or next(iter(renamed.values())) is not probe:
+        raise NoAdapterFolder(f"{layer!r} is stored fused or transposed in the Hugging Face layout")
     return next(iter(renamed)).removesuffix(".weight")
 
 
