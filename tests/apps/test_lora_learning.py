@@ -20,4 +20,6 @@ def test_a_lora_actor_learns_the_toy_task_from_the_command_line(tmp_path, algo):
     run_dir = tmp_path / algo / "toy-seed1"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["gain_in_sft_std"] > 1.0, summary
-    assert os.path.isfile(run_dir / "checkpoints" / "actor" / "final" / "adapter" / "adapter_model.safetensors")
+    assert os.path.isfile(
+        run_dir / "checkpoints" / "actor" / "final" / "adapter" / "adapter_model.safetensors"
+    )

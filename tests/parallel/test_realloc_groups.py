@@ -188,7 +188,7 @@ def run_copies(rank: int, groups: dict) -> dict | None:
     return {
         "wrapped": wrapped,
         "calls": _described(calls, groups[tuple(order.workers)]),
-        "errors": _check(copies[name].module.module, copies.plans[name], rank, ref),
+        "errors": _check(copies[name].module.module, copies.plans[(name, False)], rank, ref),
         "bytes": (stats["bytes_received"], stats["bytes_sent"]),
     }
 

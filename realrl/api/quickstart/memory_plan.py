@@ -226,7 +226,11 @@ def role_memory(
         trained = adapters + (cfg.hidden_dim + 1) * cfg.is_critic
         # a trained LoRA model keeps its frozen base in the engine's dtype (not under FSDP)
         base_bytes = _DTYPE_BYTES[econf.get("dtype", "auto")] if train and not fsdp else wbytes
-        weights, grads, optimizer = base_bytes * params + 4 * adapters, 4 * trained * train, 8 * trained * train
+        weights, grads, optimizer = (
+            base_bytes * params + 4 * adapters,
+            4 * trained * train,
+            8 * trained * train,
+        )
     else:
         weights, grads, optimizer = wbytes * params, 4 * params * train, 8 * params * train
     offload = spec.offload or (copy is not None and not spec.keep_gen_copy)  # off the device between calls
