@@ -12,7 +12,7 @@ from typing import Any
 from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, ModelInterfaceAbstraction
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
-from realrl.api.core.system_api import DynamicSampling, ExperimentConfig, ModelSpec
+from realrl.api.core.system_api import AsyncRL, DynamicSampling, ExperimentConfig, ModelSpec
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
 from realrl.experiments.common import (
@@ -26,10 +26,10 @@ from realrl.experiments.datasets import PromptOnlyDatasetConfig
 from realrl.impl.interface.ppo_advantages import advantage_inputs, advantage_outputs
 from realrl.impl.interface.ppo_config import PPOHyperparameters
 from realrl.impl.interface.ppo_rollout import (
-    ACTOR_TRAIN_KEYS,
     ADVANTAGE_INPUTS,
     CRITIC_TRAIN_KEYS,
-    ROLLOUT_KEYS,
+    actor_train_keys,
+    rollout_keys,
 )
 
 PPO_DATASET_KEYS = ("packed_prompts",)
@@ -90,7 +90,7 @@ def ppo_mfcs(
             ifaces.actor,
             n_seqs,
             ("packed_prompts",),
-            ROLLOUT_KEYS,
+            rollout_keys(hp),
             mb.get("actor_gen"),
         ),
         mfc("rew_inf", "reward", inf, ifaces.reward, n_seqs, reward_inputs, ("rewards",), mb.get("rew_inf")),
@@ -162,7 +162,7 @@ def ppo_mfcs(
             train,
             ifaces.actor,
             n_seqs,
-            ACTOR_TRAIN_KEYS,
+            actor_train_keys(hp),
             (),
             mb.get("actor_train"),
             log=True,
@@ -206,6 +206,27 @@ class DynamicSamplingConfig:
 
 
 @dataclasses.dataclass
+class AsyncRLConfig:
+    """Asynchronous RL (``async_rl.*``; docs/async.md): generation runs up to ``max_staleness``
+    training steps ahead of training, on the policy versions it has. It gains only where
+    generation and training run on different workers (a per-call layout); on the same workers
+    they still take turns, and the run is correct but no faster."""
+
+    enabled: bool = False
+    max_staleness: int = 1  # AReaL's max_head_offpolicyness; 0 is the synchronous run
+    partial_rollout: bool = False  # interruptible generation: not built yet (refused)
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"async_rl.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.partial_rollout:
+            raise ValueError(
+                "async_rl.partial_rollout=true: interruptible generation (answers continued under new "
+                "weights mid-decoding) is not built yet; answers finish under the weights they started with"
+            )
+
+
+@dataclasses.dataclass
 class PPOConfig(CommonExperimentConfig):
     actor: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
     critic: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
@@ -226,6 +247,7 @@ class PPOConfig(CommonExperimentConfig):
     # actor.lora.rank > 0 and ref.path the actor's base: ref_inf runs the actor with its adapters
     # off (the exact reference policy, no second copy of the weights); false loads ref.path apart
     ref_from_actor_base: bool = True
+    async_rl: AsyncRLConfig = dataclasses.field(default_factory=AsyncRLConfig)
 
     CURVES = {
         "reward": ["compute_adv/task_reward", "eval/task_reward"],
@@ -304,7 +326,8 @@ class PPOConfig(CommonExperimentConfig):
         ref_path = self.ref.path or actor_path
         critic_path = self.critic.path or rew_path or actor_path  # from the RM when there is one
         tokenizer = tokenizer or actor_path
-        ifaces = PPOInterfaces.of(self.ppo, actor=self._actor_interface())
+        hp = self.resolved_ppo()
+        ifaces = PPOInterfaces.of(hp, actor=self._actor_interface())
         actor = dataclasses.replace(self.actor, path=actor_path)
         ref = dataclasses.replace(self.ref, path=ref_path)
         critic = dataclasses.replace(self.critic, path=critic_path)
@@ -345,7 +368,7 @@ class PPOConfig(CommonExperimentConfig):
         reward_inputs = (
             ("packed_input_ids",) if self.uses_reward_model else ("packed_input_ids", "prompt_mask")
         )
-        nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, self.ppo, ifaces, mb_specs, reward_inputs)
+        nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, hp, ifaces, mb_specs, reward_inputs)
         if self.ref_is_actor_base:
             nodes = reference_on_actor(nodes)
         extra: dict[str, Any] = {}
@@ -358,6 +381,8 @@ class PPOConfig(CommonExperimentConfig):
                     f"the graph; choose one of {sorted(produced)}"
                 )
             extra["dynamic_sampling"] = DynamicSampling("filter_groups", self.dynamic_sampling.max_rounds)
+        if self.async_rl.enabled:
+            extra["async_rl"] = AsyncRL(self.async_rl.max_staleness)
         evaluation = {}
         if self.dataset.valid_path:  # held-out rollouts every exp_ctrl.eval_freq_steps and at the end
             evaluation = dict(
@@ -368,7 +393,7 @@ class PPOConfig(CommonExperimentConfig):
                         "eval",
                         "adv",
                         ModelInterfaceType.INFERENCE,
-                        ModelInterfaceAbstraction("ppo_eval", {"ppo": dataclasses.asdict(self.ppo)}),
+                        ModelInterfaceAbstraction("ppo_eval", {"ppo": dataclasses.asdict(hp)}),
                         self.dataset.train_bs_n_seqs,
                         ADVANTAGE_INPUTS,
                     )
@@ -378,6 +403,11 @@ class PPOConfig(CommonExperimentConfig):
         return experiment_config(
             self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer, **evaluation, **extra
         )
+
+    def resolved_ppo(self) -> PPOHyperparameters:
+        """``ppo`` with ``decoupled_loss`` decided: on under asynchronous RL unless set."""
+        decoupled = self.async_rl.enabled if self.ppo.decoupled_loss is None else self.ppo.decoupled_loss
+        return dataclasses.replace(self.ppo, decoupled_loss=decoupled)
 
     @property
     def uses_reward_model(self) -> bool:

@@ -30,28 +30,49 @@ class CopyPlan:
     realloc: bool
     drop: bool
     adapters_only: bool = False
+    version: int = 0  # the model version the copy holds for the call (training steps behind it)
 
 
 class CopyTracker:
-    def __init__(self, config: ExperimentConfig):
-        self.config = config
-        self.versions = dict.fromkeys(config.allocations, 0)  # training calls posted per model
-        self.filled: dict[str, int] = {}  # live copy -> the version it was filled at
+    """Also the master's record of which model version each call runs on (``versions_used``):
+    the version a generate call samples from is its samples' ``behav_version``, and the
+    difference to the version that trains on them their staleness (asynchronous RL)."""
 
-    def plan(self, mfc: MFCDef) -> CopyPlan | None:
-        """Record that ``mfc`` is being posted now; None when it runs at its model's home."""
+    def __init__(self, config: ExperimentConfig, start_version: int = 0):
+        self.config = config
+        # training calls posted per model (a resumed run starts at the step it resumed from)
+        self.versions = dict.fromkeys(config.allocations, start_version)
+        self.filled: dict[str, int] = {}  # live copy -> the version it was filled at
+        self.versions_used: dict[tuple[str, int], int] = {}  # (mfc, step) -> the version it ran on
+
+    def plan(self, mfc: MFCDef, step: int | None = None) -> CopyPlan | None:
+        """Record that ``mfc`` is being posted now (for ``step``); None when it runs at its model's
+        home. Under asynchronous RL a generate call's copy is kept, and refilled only when the
+        version it holds is more than ``max_staleness`` behind ``step``."""
         cfg, role = self.config, mfc.role
         home, placement = cfg.placement(role), cfg.call_placement(mfc.name)
         if placement == home:
             if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
                 self.versions[role] += 1
+            elif step is not None:
+                self.versions_used[(mfc.name, step)] = self.versions[role]
             return None
         name = copy_name(role, placement)
-        realloc = self.filled.get(name) != self.versions[role]
-        adapters_only = name in self.filled and cfg.models[role].lora_rank > 0
-        keep = cfg.models[role].keep_gen_copy
+        filled = self.filled.get(name)
+        ahead = cfg.async_rl is not None and mfc.interface_type is ModelInterfaceType.GENERATE
+        if ahead and step is not None:
+            realloc = filled is None or filled < step - cfg.async_rl.max_staleness
+        else:
+            realloc = filled != self.versions[role]
+        version = self.versions[role] if realloc else filled
+        adapters_only = filled is not None and cfg.models[role].lora_rank > 0
+        keep = cfg.models[role].keep_gen_copy or ahead
         if keep:
-            self.filled[name] = self.versions[role]
+            self.filled[name] = version
         else:
             self.filled.pop(name, None)
-        return CopyPlan(role, home, placement, name, realloc, drop=not keep, adapters_only=adapters_only)
+        if step is not None:
+            self.versions_used[(mfc.name, step)] = version
+        return CopyPlan(
+            role, home, placement, name, realloc, drop=not keep, adapters_only=adapters_only, version=version
+        )

@@ -110,7 +110,9 @@ class DynamicSampler:
                     raise RuntimeError(
                         f"dynamic sampling: the inputs {m.input_keys} of {m.name!r} are not ready"
                     )
-                posted = calls.post(m, step, ids, cfg.call_placement(m.name).replicas(), self.copies.plan(m))
+                posted = calls.post(
+                    m, step, ids, cfg.call_placement(m.name).replicas(), self.copies.plan(m, step)
+                )
                 results[m.name].append(await calls.finish(m, posted))
             dropped = set(results[self.filter_name][-1].dropped)
             stray = sorted(map(str, dropped - set(batch)))

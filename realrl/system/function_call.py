@@ -103,7 +103,9 @@ class CallDispatcher:
         requests: dict[int, MFCRequest] = {}
         order = None
         if copy is not None and copy.realloc:
-            order = ReallocOrder(copy.role, copy.home, copy.placement, tags.next, copy.adapters_only)
+            order = ReallocOrder(
+                copy.role, copy.home, copy.placement, tags.next, copy.adapters_only, copy.version
+            )
             tags.take(order.n_tags)
             for w in order.workers:
                 requests[w] = MFCRequest([], realloc=order)

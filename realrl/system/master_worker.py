@@ -35,13 +35,15 @@ from realrl.system.protocol import (
 )
 from realrl.system.request_reply_stream import MasterStream, WorkerLostError, wait_replies
 from realrl.system.schedule import Schedule
-from realrl.system.step_records import brief, record_call, record_realloc
+from realrl.system.step_records import brief, record_call, record_idle, record_realloc, record_staleness
 
 logger = logging.getLogger("master_worker")
 
 # steps in flight: the call running, the next one posted early (see _run_mfc), and two more
 # dataset batches fetched ahead, so the next batch is in the buffer before it is needed
 MAX_LIVE_STEPS = 4
+# asynchronous RL: the calls whose workers' idle time each step records (generation, training)
+IDLE_TIMED = (ModelInterfaceType.GENERATE, ModelInterfaceType.TRAIN_STEP)
 
 
 class Progress:
@@ -86,6 +88,7 @@ class MasterWorker:
         self.progress = Progress([m.name for m in config.mfcs])
         self.calls = CallDispatcher(self.buffer, stream, config.timeouts.request)
         self.copies = CopyTracker(config)
+        self.last_reply: dict[str, float] = {}  # MFC -> when its last call replied (idle times)
         self.records: dict[int, dict] = {}
         self.stats: list[dict] = []  # one finished record per step, in order
         self.total_steps = 0
@@ -186,6 +189,7 @@ class MasterWorker:
             requests.setdefault(w, LoadRecoverRequest({}, step=step)).states[mfc.name] = path
         await post_all(self.stream, requests, "load_recover", cfg.timeouts.setup)
         self.start_step = min(step, self.total_steps)
+        self.copies = CopyTracker(cfg, start_version=self.start_step)
         self.progress.steps_done = self.start_step
         self.progress.calls_done = dict.fromkeys(self.progress.calls_done, self.start_step)
         logger.info("resumed from the recover point after step %d", step)
@@ -246,7 +250,7 @@ class MasterWorker:
             await asyncio.sleep(0.2)
 
     async def _load_data(self) -> None:
-        """Post the dataset fetches up to ``MAX_LIVE_STEPS`` ahead without waiting for each reply
+        """Post the dataset fetches up to ``live_steps`` ahead without waiting for each reply
         (a fetch waits in the data worker's queue behind the call it is running), and add the
         batches to the buffer in step order as their replies come (a failure of either half
         fails this task, and so the run)."""
@@ -257,7 +261,7 @@ class MasterWorker:
 
         async def post_fetches() -> None:
             for step in range(self.start_step, self.total_steps):
-                await self.progress.wait_for(lambda s=step: s - self.progress.steps_done < MAX_LIVE_STEPS)
+                await self.progress.wait_for(lambda s=step: s - self.progress.steps_done < self.live_steps)
                 epoch, index = divmod(step, self.steps_per_epoch)
                 futures = {
                     w: self.stream.post(
@@ -303,8 +307,11 @@ class MasterWorker:
             if ids is None:
                 await self.progress.wait_for(lambda s=step: self._version_ready(mfc, s, trains))
                 ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
-            copy = self.copies.plan(mfc)
+            copy = self.copies.plan(mfc, step)
             posted = self.calls.post(mfc, step, ids, replicas, copy)
+            if cfg.async_rl is not None and mfc.interface_type in IDLE_TIMED:  # behind a pending call: 0 s
+                last = self.last_reply.get(mfc.name) if pending is None else None
+                record_idle(self.records[step], mfc, last, time.monotonic())
             if pending is not None:
                 await self._finish(mfc, *pending, clears)
             pending = (step, posted)
@@ -315,10 +322,24 @@ class MasterWorker:
 
     def _version_ready(self, mfc: MFCDef, step: int, trains: list[str]) -> bool:
         """The parameter-version rule: a non-training call at ``step`` follows every training call
-        of its model at ``step - 1``."""
-        return mfc.interface_type is ModelInterfaceType.TRAIN_STEP or all(
-            self.progress.calls_done[t] >= step for t in trains
-        )
+        of its model at ``step - 1``; under asynchronous RL a generate call only the one at
+        ``step - 1 - max_staleness`` (it may run that many steps ahead of training)."""
+        if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
+            return True
+        return all(self.progress.calls_done[t] >= step - self._lead(mfc) for t in trains)
+
+    def _lead(self, mfc: MFCDef) -> int:
+        """How many steps ``mfc`` may run ahead of its model's training: ``max_staleness`` for a
+        generate call under asynchronous RL, else 0."""
+        ahead = self.config.async_rl is not None and mfc.interface_type is ModelInterfaceType.GENERATE
+        return self.config.async_rl.max_staleness if ahead else 0
+
+    @property
+    def live_steps(self) -> int:
+        """Steps the loader fetches ahead of the last finished one: room for generation to run
+        ``max_staleness`` steps ahead, and the next batch in the buffer before it is needed."""
+        lead = self.config.async_rl.max_staleness if self.config.async_rl is not None else 0
+        return MAX_LIVE_STEPS + lead
 
     def _ready_inputs(self, mfc: MFCDef, step: int, trains: list[str]) -> list | None:
         """The ids of ``mfc``'s call at ``step`` if it could be posted now without waiting (the
@@ -376,6 +397,9 @@ class MasterWorker:
             clears.append({w: self.stream.post(model_worker_name(w), "clear", done) for w in self.workers})
         await self._reap_clears(clears)
         record_call(self.records[step], mfc, result)
+        self.last_reply[mfc.name] = time.monotonic()
+        if self.config.async_rl is not None and mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
+            record_staleness(self.records[step], step, self._sampled_versions(mfc, step))
         self.progress.calls_done[mfc.name] += 1
         self._maybe_finish_step(step)
         self.progress.notify()
@@ -393,7 +417,7 @@ class MasterWorker:
         for step in range(self.start_step, self.total_steps):
             await self.progress.wait_for(
                 lambda s=step: (
-                    s - self.progress.steps_done < MAX_LIVE_STEPS
+                    s - self.progress.steps_done < self.live_steps
                     and all(self._version_ready(m, s, trains[m.name]) for m in mfcs)
                 )
             )
@@ -438,6 +462,15 @@ class MasterWorker:
             last = json.loads(lines[-1]) if lines else None
         done = (last or {}).get("dynamic_sampling/prompt_batches")
         return int(done) if done is not None else self.start_step
+
+    def _sampled_versions(self, train: MFCDef, step: int) -> list[int]:
+        """The versions of ``train``'s model that the generate calls of ``step`` sampled from."""
+        return [
+            v
+            for m in self.config.mfcs
+            if m.role == train.role and m.interface_type is ModelInterfaceType.GENERATE
+            if (v := self.copies.versions_used.get((m.name, step))) is not None
+        ]
 
     def _training_calls_of(self, mfc: MFCDef) -> list[str]:
         """The other training calls of ``mfc``'s model (the parameter-version rule waits on them)."""

@@ -74,6 +74,8 @@ class ModelCopies:
         stats = reallocate(
             plan, self.me, src, dst, self.timeout.total_seconds(), order.first_tag, group=group
         )
+        if name in self.live:  # the version it now holds: what its generate calls stamp their samples with
+            self.live[name].version.global_step = order.version
         return {
             "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received,

@@ -110,9 +110,9 @@ class ReallocOrder:
     src: Placement
     dst: Placement
     first_tag: int
-    adapters_only: bool = (
-        False  # the copy holds the base already: move the LoRA adapters (and a critic's head)
-    )
+    # the copy holds the base already: move the LoRA adapters (and a critic's head) only
+    adapters_only: bool = False
+    version: int = 0  # the model version the copy holds once filled (training steps done at home)
 
     @property
     def workers(self) -> list[int]:

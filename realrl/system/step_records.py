@@ -34,6 +34,22 @@ def record_realloc(record: dict, role: str, result: CallResult) -> None:
     record["timing"][prefix] = record[f"{prefix}/seconds"]
 
 
+def record_staleness(record: dict, step: int, versions: list[int]) -> None:
+    """Asynchronous RL: how many versions behind the training step's policy (version ``step``)
+    the samples it trains on were drawn: ``async/staleness_max`` and ``async/staleness_mean``."""
+    if versions:
+        lags = [step - v for v in versions]
+        record["async/staleness_max"] = float(max(lags))
+        record["async/staleness_mean"] = float(sum(lags) / len(lags))
+
+
+def record_idle(record: dict, mfc: MFCDef, last_reply: float | None, now: float) -> None:
+    """Asynchronous RL: seconds between ``mfc``'s previous reply and this call's posting, the
+    time its workers waited for it (when they run nothing else in between):
+    ``async/idle_s/<mfc>``; None: posted behind the previous call, which it waited 0 s for."""
+    record[f"async/idle_s/{mfc.name}"] = 0.0 if last_reply is None else max(0.0, now - last_reply)
+
+
 def brief(record: dict) -> str:
     """The float statistics of a record, for one log line."""
     return ", ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float) and "/" in k)

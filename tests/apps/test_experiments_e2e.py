@@ -311,3 +311,36 @@ def test_ppo_with_lora_moves_only_adapters_into_a_kept_copy_and_writes_peft_fold
         assert {"adapter_config.json", "adapter_model.safetensors"} <= set(
             os.listdir(os.path.join(final, "adapter"))
         )
+
+
+def test_asynchronous_ppo_at_staleness_zero_is_the_synchronous_run(fileroot):
+    """``async_rl.max_staleness=0``: the same statistics, number for number, as the synchronous
+    default run of this file (its samples all carry the version that trains on them, so the
+    decoupled objective adds nothing)."""
+    cfg, _ = run(
+        "ppo", fileroot, *PPO_EXTRA, "async_rl.enabled=true", "async_rl.max_staleness=0", "trial_name=async0"
+    )
+    base = build_config("ppo", [f"fileroot={fileroot}", *SHORT, *PPO_EXTRA])
+    want = [json.loads(line) for line in open(os.path.join(base.run_dir, "stats.jsonl"))]
+    got = [json.loads(line) for line in open(os.path.join(cfg.run_dir, "stats.jsonl"))]
+    assert [g["async/staleness_max"] for g in got] == [0.0, 0.0]
+    for g, w in zip(got, want, strict=True):
+        for k, v in w.items():
+            if isinstance(v, float) and k != "time" and not k.startswith(("timing", "realloc/")):
+                assert g[k] == v, (g["step"], k)
+
+
+def test_asynchronous_ppo_generates_ahead_on_its_own_worker_within_the_bound(fileroot):
+    """Generation on a worker of its own runs up to two steps ahead of training: the samples of
+    step 3 come from the policy of step 1, never older, and the decoupled objective reweights them."""
+    layout = 'allocation_mode="actor_gen:d1m1p1@1,*:d1m1p1"'
+    steps = ["exp_ctrl.total_train_steps=4", "async_rl.enabled=true", "async_rl.max_staleness=2"]
+    cfg, _ = run("ppo", fileroot, *PPO_EXTRA, layout, *steps, "trial_name=async2")
+    records = [json.loads(line) for line in open(os.path.join(cfg.run_dir, "stats.jsonl"))]
+    staleness = [r["async/staleness_max"] for r in records]
+    assert max(staleness) == 2.0 and all(0.0 <= s <= 2.0 for s in staleness), staleness
+    stale_steps = [r for r in records if r["async/staleness_max"] > 0]
+    assert all(
+        r["actor_train/stale_answers"] > 0 and "actor_train/behav_imp_weight" in r for r in stale_steps
+    )
+    assert all(r["async/idle_s/actor_gen"] >= 0.0 and r["async/idle_s/actor_train"] >= 0.0 for r in records)

@@ -241,3 +241,10 @@ def test_bench_lora(tmp_path, job_root):
     for label in ("grpo-full", "grpo-lora"):
         ((_, *cells),) = [line.split() for line in out.splitlines() if line.startswith(label)]
         assert len(cells) == 3 and all(re.fullmatch(NUMBER, c) for c in cells), cells
+
+
+def test_bench_async(tmp_path, job_root):
+    out = run_bench("bench_async.py", tmp_path, "--fileroot", job_root)
+    for label in ("sync d2", "async eta=1"):
+        ((_, rate, ratio, *_),) = table_rows(out, label)
+        assert float(rate) > 0 and re.fullmatch(rf"{NUMBER}x", ratio), out

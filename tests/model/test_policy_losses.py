@@ -392,3 +392,43 @@ def test_user_registered_policy_loss():
         torch.tensor([-1.0, -2.0, -3.0]), torch.zeros(3), torch.tensor([5.0, 1.0, -1.0]), mask, short_cu, None
     )
     torch.testing.assert_close(loss, torch.tensor([0.0, 2.0, -3.0]))
+
+
+def test_behaviour_weights_by_hand_and_the_cap():
+    """w_t = pi_prox / pi_behav on the mask, 0 off it; a token above the cap drops out."""
+    from realrl.impl.model.utils.policy_losses import behaviour_weights
+
+    prox = torch.log(torch.tensor([0.5, 0.2, 0.9, 0.3]))
+    behav = torch.log(torch.tensor([0.25, 0.4, 0.3, 0.3]))
+    mask = torch.tensor([1, 1, 1, 0])
+    w, st = behaviour_weights(prox, behav, mask, cap=None)
+    torch.testing.assert_close(w, torch.tensor([2.0, 0.5, 3.0, 0.0]))
+    assert float(st["behav_imp_weight"]) == pytest.approx(5.5 / 3) and float(st["behav_capped_frac"]) == 0.0
+    w, st = behaviour_weights(prox, behav, mask, cap=2.5)
+    torch.testing.assert_close(w, torch.tensor([2.0, 0.5, 0.0, 0.0]))  # 3 > 2.5: out
+    assert float(st["behav_imp_weight"]) == pytest.approx(1.25) and float(
+        st["behav_capped_frac"]
+    ) == pytest.approx(1 / 3)
+
+
+def test_the_decoupled_objective_by_hand_and_equal_to_ppo_when_prox_is_behav():
+    """The surrogate clipped against pi_prox, times pi_prox / pi_behav: with pi_prox = pi_behav
+    the weights are 1 and the loss is PPO's, exactly."""
+    from realrl.impl.model.utils.policy_losses import behaviour_weights
+
+    cfg = PolicyLossConfig(0.2, 0.2)
+    ppo = get_policy_loss("ppo")
+    logp = torch.log(torch.tensor([0.6, 0.1, 0.5]))
+    prox = torch.log(torch.tensor([0.5, 0.2, 0.5]))
+    behav = torch.log(torch.tensor([0.25, 0.2, 0.5]))
+    adv = torch.tensor([1.0, -1.0, 2.0])
+    mask = torch.tensor([1, 1, 1])
+    short_cu = torch.tensor([0, 3])
+    per_token, _ = ppo(logp, prox, adv, mask, short_cu, cfg)
+    w, _ = behaviour_weights(prox, behav, mask, None)
+    # token 0: r = 1.2 (at the clip), A = 1 -> -1.2, weight 2 -> -2.4; token 1: r = 0.5, A = -1 ->
+    # max(0.5, 0.8) = 0.8, weight 1; token 2: r = 1, A = 2 -> -2, weight 1
+    torch.testing.assert_close(per_token * w, torch.tensor([-2.4, 0.8, -2.0]))
+    same, _ = ppo(logp, behav, adv, mask, short_cu, cfg)
+    ones, _ = behaviour_weights(behav, behav, mask, None)
+    assert torch.equal(ones, torch.ones(3)) and torch.equal(same * ones, same)

@@ -38,3 +38,39 @@ def test_a_kept_copy_is_refilled_only_after_its_model_trained(tmp_path):
     assert plan("critic_train") is None and not plan("gen").realloc  # another model trained
     assert plan("actor_train") is None
     assert plan("gen").realloc  # the actor's weights changed: move them again
+
+
+def test_asynchronous_generation_reuses_its_copy_within_the_staleness_bound(tmp_path):
+    """Under ``async_rl`` (max staleness 1) the generate call's copy is kept and refilled only when
+    the version it holds would be more than one step behind; the tracker records the version
+    every generate call sampled from (its samples' staleness is the training step minus it)."""
+    from realrl.api.core.system_api import AsyncRL
+    from realrl.system.copies import CopyTracker
+
+    cfg = dataclasses.replace(mock_config(tmp_path, "t", mfc_placements={"gen": GEN}), async_rl=AsyncRL(1))
+    tracker = CopyTracker(cfg)
+    by_name = {m.name: m for m in cfg.mfcs}
+
+    def plan(name, step):
+        return tracker.plan(by_name[name], step)
+
+    first = plan("gen", 0)
+    assert first.realloc and not first.drop and first.version == 0  # kept, though keep_gen_copy is off
+    assert not plan("gen", 1).realloc  # version 0 is one step behind step 1: allowed
+    assert plan("actor_train", 0) is None
+    second = plan("gen", 2)  # version 0 would be two behind: refilled with the newest
+    assert second.realloc and second.version == 1
+    assert tracker.versions_used == {("gen", 0): 0, ("gen", 1): 0, ("gen", 2): 1}
+
+
+def test_with_staleness_zero_the_copy_follows_every_training_step(tmp_path):
+    from realrl.api.core.system_api import AsyncRL
+    from realrl.system.copies import CopyTracker
+
+    cfg = dataclasses.replace(mock_config(tmp_path, "t", mfc_placements={"gen": GEN}), async_rl=AsyncRL(0))
+    tracker = CopyTracker(cfg)
+    by_name = {m.name: m for m in cfg.mfcs}
+    for step in range(3):
+        copy = tracker.plan(by_name["gen"], step)
+        assert copy.realloc and copy.version == step  # as the synchronous run: the newest weights
+        tracker.plan(by_name["actor_train"], step)

@@ -161,6 +161,22 @@ def copy_name(role: str, placement: Placement) -> str:
 
 
 @dataclasses.dataclass
+class AsyncRL:
+    """Asynchronous RL as the master runs it ("AReaL: A Large-Scale Asynchronous Reinforcement
+    Learning System for Language Reasoning", Fu et al. 2025): a generate call of a trained model
+    at step k may start once that model has finished training step k - 1 - ``max_staleness``, so
+    it samples from a policy at most ``max_staleness`` versions behind the one that trains on its
+    samples. 0 is the synchronous run. Copies of the policy in a generate call's own layout are
+    kept between calls and refilled only when they would be too old."""
+
+    max_staleness: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"async_rl.max_staleness must be >= 0, got {self.max_staleness}")
+
+
+@dataclasses.dataclass
 class DynamicSampling:
     """DAPO's dynamic sampling ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
     Yu et al. 2025) as the master runs it. Each step, ``filter_mfc`` and the calls it depends on
@@ -215,6 +231,7 @@ class ExperimentConfig:
     eval_calls: list[str] = dataclasses.field(default_factory=list)
     eval_mfcs: list[MFCDef] = dataclasses.field(default_factory=list)
     dynamic_sampling: DynamicSampling | None = None
+    async_rl: AsyncRL | None = None  # None: synchronous (the parameter-version rule exactly)
     import_modules: list[str] = dataclasses.field(default_factory=list)
     timeouts: Timeouts = dataclasses.field(default_factory=Timeouts)
     device: str = "cpu"  # "cuda": one GPU per worker (api/core/devices.py); "cuda:<k>": all on GPU k

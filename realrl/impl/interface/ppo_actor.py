@@ -34,16 +34,24 @@ from realrl.impl.interface.common import (
 )
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
 from realrl.impl.interface.ppo_rollout import (
-    ACTOR_TRAIN_KEYS,
+    BEHAV_VERSION,
+    actor_train_keys,
     resolve_token_id,
     rollout_sample,
+    stamp_version,
     truncate_generation,
 )
 from realrl.impl.interface.ppo_updates import run_epochs
 from realrl.impl.model.utils import ppo_functional as F
-from realrl.impl.model.utils.policy_losses import aggregate_loss, aggregation_weight, get_policy_loss
+from realrl.impl.model.utils.policy_losses import (
+    aggregate_loss,
+    aggregation_weight,
+    behaviour_weights,
+    get_policy_loss,
+)
 
 logger = logging.getLogger("ppo_actor")
+PROX_LOGPROBS = "packed_prox_logprobs"  # the decoupled objective's proximal policy (train_step only)
 
 
 @dataclasses.dataclass
@@ -81,6 +89,8 @@ class PPOActorInterface(ModelInterface):
         out = rollout_sample(data, gen)
         if self.recompute_logprobs or self.logprob_temperature != self.hp.gen.temperature:
             out.data["packed_logprobs"] = self._logprobs(model, out, mb_spec)
+        if self.hp.decoupled_loss:
+            stamp_version(out, model.version.global_step)
         return out
 
     # -- reference inference ------------------------------------------------------------------
@@ -114,14 +124,22 @@ class PPOActorInterface(ModelInterface):
         logp = packed_logprobs(logits, mb, self.logprob_temperature, mask)  # 0 off the mask
         dev = logp.device
         short_cu = F.short_cu_seqlens(cu_seqlens_on(mb, dev))
+        behav = mb.data["packed_logprobs"].to(dev)
+        # the decoupled objective when some answers came from an older policy (train_step adds
+        # their proximal log-probs); else the clip is anchored at the behaviour policy itself
+        prox = mb.data[PROX_LOGPROBS].to(dev) if PROX_LOGPROBS in mb.data else None
         per_token, st = get_policy_loss(hp.policy_loss)(
             logp,
-            mb.data["packed_logprobs"].to(dev),
+            behav if prox is None else prox,
             mb.data["advantages"].to(dev),
             mask,
             short_cu,
             hp.loss_config(),
         )
+        if prox is not None:
+            weights, weight_stats = behaviour_weights(prox, behav, mask, hp.behav_imp_weight_cap)
+            per_token = per_token * weights
+            st = {**st, **weight_stats}
         loss = aggregate_loss(per_token, mask, short_cu, hp.loss_agg_mode, hp.norm_const())
         stats = {k: float(v) for k, v in st.items()}
         # how far the token ratio strays from 1 before any update: generation and training
@@ -161,9 +179,29 @@ class PPOActorInterface(ModelInterface):
         mb.data["advantages"] = F.whiten(mb.data["advantages"], shift_mean=True, mask=mask)
         return mb
 
+    def _add_proximal_logprobs(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec) -> int:
+        """The decoupled objective's proximal policy: the weights this step starts from. Answers
+        sampled by an older version get their log-probs under these weights (one no-grad forward
+        before the update); answers of this very version keep their recorded ones, so a batch
+        with no stale answer gets no key at all and trains exactly as the standard objective.
+        Returns how many answers were stale."""
+        versions = data.data[BEHAV_VERSION]
+        stale = versions < model.version.global_step
+        if not bool(stale.any()):
+            return 0
+        prox = self._logprobs(model, data, mb_spec)
+        behav = data.data["packed_logprobs"]
+        lens = torch.tensor(data.flat_seqlens("packed_logprobs"), device=stale.device)
+        stale_tokens = stale.repeat_interleave(lens).to(prox.device)
+        data.update_(token_minus_one_sample(data, PROX_LOGPROBS, torch.where(stale_tokens, prox, behav)))
+        return int(stale.sum())
+
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         hp = self.hp
-        require_keys(data, ACTOR_TRAIN_KEYS, "ppo_actor.train_step")
+        require_keys(data, actor_train_keys(hp), "ppo_actor.train_step")
+        stale = (
+            self._add_proximal_logprobs(model, data, mb_spec or MicroBatchSpec()) if hp.decoupled_loss else 0
+        )
         per_minibatch = hp.adv_norm and hp.whiten_scope == "minibatch"
         step_stats = run_epochs(
             hp,
@@ -182,6 +220,8 @@ class PPOActorInterface(ModelInterface):
         if first_dev is not None:  # None: the minibatch held no answer token
             stats["first_mb_ratio_max_dev"] = first_dev
         stats["n_updates"] = float(len(step_stats))
+        if hp.decoupled_loss:
+            stats["stale_answers"] = float(stale)
         model.inc_version()
         return stats
 

@@ -88,6 +88,11 @@ class PPOHyperparameters:
     eps_clip_high: float | None = None  # DAPO's clip-higher: 1 + eps_clip_high (e.g. 0.28)
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages
     policy_loss: str = "ppo"  # a registered policy loss: ppo (token ratio) | gspo (sequence ratio)
+    # AReaL's decoupled objective for samples from an older policy (asynchronous RL): the clip
+    # anchored at the policy the step starts from, the behaviour policy's samples reweighted by
+    # pi_prox / pi_behav (capped: tokens above the cap drop out). None: on when async_rl is
+    decoupled_loss: bool | None = None
+    behav_imp_weight_cap: float | None = None
     # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)
     loss_agg_mode: str = "token-mean"
     loss_norm_const: float | None = None  # seq-mean-token-sum-norm's divisor; default gen.max_new_tokens

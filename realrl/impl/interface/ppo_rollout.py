@@ -15,7 +15,7 @@ import torch
 
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import GenerationOutput
-from realrl.impl.interface.common import INPUT_KEY
+from realrl.impl.interface.common import INPUT_KEY, per_sequence_sample
 from realrl.impl.interface.ppo_config import PPOHyperparameters
 from realrl.impl.model.utils import ppo_functional as F
 
@@ -33,6 +33,26 @@ ACTOR_TRAIN_KEYS = (
 )
 # what the critic's update reads: old values and targets in its head's units
 CRITIC_TRAIN_KEYS = ("packed_input_ids", "old_values", "returns", "ppo_loss_mask")
+# the version of the policy an answer was sampled with (training steps behind it): generation
+# writes it and the actor's update reads it when the decoupled objective is on
+BEHAV_VERSION = "behav_version"
+
+
+def rollout_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
+    return ROLLOUT_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ())
+
+
+def actor_train_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
+    return ACTOR_TRAIN_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ())
+
+
+def stamp_version(out: SequenceSample, version: int) -> None:
+    """Give every answer of ``out`` the version of the policy that sampled it (in place)."""
+    n = sum(len(row) for row in out.seqlens[INPUT_KEY])
+    device = out.data[INPUT_KEY].device
+    out.update_(
+        per_sequence_sample(out, BEHAV_VERSION, torch.full((n,), version, dtype=torch.long, device=device))
+    )
 
 
 def resolve_token_id(tokenizer: Any, token: int | str | None, what: str) -> int | None:

@@ -175,6 +175,29 @@ register_policy_loss("ppo", ppo_policy_loss)
 register_policy_loss("gspo", gspo_policy_loss)
 
 
+def behaviour_weights(
+    prox_logprobs: Tensor, behav_logprobs: Tensor, loss_mask: Tensor, cap: float | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The decoupled PPO objective's per-token weight ("AReaL: A Large-Scale Asynchronous
+    Reinforcement Learning System for Language Reasoning", Fu et al. 2025): samples drawn by a
+    behaviour policy older than the proximal one (the policy the update starts from) are
+    reweighted by w_t = pi_prox(a_t) / pi_behav(a_t), and the clipped surrogate is taken against
+    pi_prox. A token whose weight exceeds ``cap`` drops out (weight 0), as AReaL's
+    ``behav_imp_weight_cap`` does. Where pi_prox = pi_behav, w = 1: the standard objective.
+
+    Returns (w, 0 off the mask; ``behav_imp_weight``: its masked mean, ``behav_capped_frac``)."""
+    mask = loss_mask.bool()
+    log_w = torch.where(mask, prox_logprobs - behav_logprobs, torch.zeros_like(prox_logprobs))
+    w = torch.exp(log_w.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND)).detach()
+    capped = torch.zeros_like(mask) if cap is None else (w > cap) & mask
+    w = torch.where(mask & ~capped, w, torch.zeros_like(w))
+    stats = {
+        "behav_imp_weight": masked_mean(w, mask & ~capped),
+        "behav_capped_frac": masked_mean(capped.float(), mask),
+    }
+    return w, stats
+
+
 # ----------------------------------------------------------------------------- aggregation
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
