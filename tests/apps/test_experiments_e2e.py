@@ -344,3 +344,15 @@ def test_asynchronous_ppo_generates_ahead_on_its_own_worker_within_the_bound(fil
         r["actor_train/stale_answers"] > 0 and "actor_train/behav_imp_weight" in r for r in stale_steps
     )
     assert all(r["async/idle_s/actor_gen"] >= 0.0 and r["async/idle_s/actor_train"] >= 0.0 for r in records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_asynchronous_critic_free_runs_generate_ahead_within_the_bound(fileroot, name):
+    layout = 'allocation_mode="actor_gen:d1m1p1@1,*:d1m1p1"'
+    steps = ["exp_ctrl.total_train_steps=3", "async_rl.enabled=true", "toy_eval_prompts=32"]
+    cfg, summary = run(name, fileroot, layout, *steps, f"trial_name=async-{name}")
+    records = [json.loads(line) for line in open(os.path.join(cfg.run_dir, "stats.jsonl"))]
+    staleness = [r["async/staleness_max"] for r in records]
+    assert staleness[:2] == [0.0, 1.0] and max(staleness) == 1.0, staleness  # step 2 ran ahead
+    assert summary["true_reward_mean"] is not None
