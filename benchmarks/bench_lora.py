@@ -14,7 +14,7 @@ rate): the trained policy's gain over the SFT policy in SFT standard deviations,
 reference and the RL phase's wall time (the SFT and reward phases run once per seed, shared).
 
     python benchmarks/bench_lora.py [--seeds 1 2 3] [--rank 8] [--skip-learning]
-    python benchmarks/bench_lora.py --smoke    # a tiny model, one step, one seed of 2-step runs
+    python benchmarks/bench_lora.py --smoke    # a tiny model, one step, one seed of a 2-step LoRA run
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def part_learning(args) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {}
     for seed in args.seeds:
         for algo in args.algos:
-            for side in SIDES:
+            for side in args.learn_sides:
                 extra = list(SHORT_RUN) if args.smoke else []
                 if side == "lora":
                     extra += [f"actor.lora.rank={args.rank}", f"actor.optimizer.lr={args.lora_lr}"]
@@ -241,10 +241,20 @@ def main() -> None:
     p.add_argument("--algos", nargs="+", default=sorted(LEARNING_RUNS), choices=sorted(LEARNING_RUNS))
     p.add_argument("--lora-lr", type=float, default=1e-3, help="the LoRA actor's learning rate")
     p.add_argument("--skip-learning", action="store_true")
+    p.add_argument("--learn-sides", nargs="+", default=list(SIDES), choices=SIDES, help="part 2's runs")
     p.add_argument("--fileroot", default="outputs/bench_lora")
     p.add_argument("--rss-side", choices=SIDES, help=argparse.SUPPRESS)
     smoke = dict(
-        layers=2, hidden=64, vocab=256, steps=1, n_seqs=4, min_len=8, max_len=24, seeds=[1], algos=["grpo"]
+        layers=2,
+        hidden=64,
+        vocab=256,
+        steps=1,
+        n_seqs=4,
+        min_len=8,
+        max_len=24,
+        seeds=[1],
+        algos=["grpo"],
+        learn_sides=["lora"],
     )
     args = parse_args(p, None, **smoke)
     torch.set_num_threads(args.threads)
