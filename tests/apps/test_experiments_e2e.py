@@ -227,6 +227,7 @@ def _final_params(run_dir):
     return load_file(os.path.join(run_dir, "checkpoints", "default", "final", "model.safetensors"))
 
 
+@pytest.mark.slow  # the default suite kills and resumes sft and ppo in tests/faults/test_resume.py
 def test_killed_run_resumes_to_the_same_parameters(fileroot):
     common = [
         sys.executable,
