@@ -20,7 +20,7 @@ import time
 import torch
 from _smoke import parse_args
 
-import realrl.impl  # noqa: F401  (registers the datasets)
+import realrl.impl.builtin  # noqa: F401  (registers the datasets)
 from realrl.api.core.config import DatasetAbstraction
 from realrl.api.core.data_api import SequenceSample, load_hf_tokenizer, make_dataset
 from realrl.experiments.tasks import SENTIMENT

@@ -70,7 +70,8 @@ def make_batch(args, step: int):
 def trainer(side: str, args) -> tuple[Callable[[int], float], object]:
     """One side's training step (``step(i)`` trains on batch ``i``) and its engine."""
     from realrl.api.core.data_api import MicroBatchSpec
-    from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+    from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+    from realrl.impl.model.backend.train_engine import TrainEngine
     from realrl.impl.model.nn import ReaLModel
     from realrl.impl.model.nn.lora import add_adapters
     from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs

@@ -88,7 +88,8 @@ def worker(rank: int, world: int, port: int, args, fsdp: bool, out: str) -> None
 
     from realrl.api.core.data_api import MicroBatchSpec
     from realrl.api.core.layout import Layout, Placement
-    from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+    from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+    from realrl.impl.model.backend.train_engine import TrainEngine
     from realrl.impl.model.nn.real_model import ReaLModel
     from realrl.impl.model.parallel.apply import parallelize
     from realrl.impl.model.parallel.mesh import build_contexts

@@ -38,7 +38,9 @@ def measure(args, parallel, device: str) -> dict:
 
     from realrl.api.core.data_api import MicroBatchSpec
     from realrl.api.core.model_api import GenerationHyperparameters
-    from realrl.impl.model.backend import EngineConfig, InferenceEngine, OptimizerConfig, TrainEngine
+    from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+    from realrl.impl.model.backend.engine import InferenceEngine
+    from realrl.impl.model.backend.train_engine import TrainEngine
     from realrl.impl.model.nn.real_model import ReaLModel
     from realrl.impl.model.parallel.apply import parallelize
 

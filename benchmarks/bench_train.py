@@ -66,7 +66,8 @@ def hf_chunks(items: list, n_mbs: int) -> list[list]:
 
 def real_trainer(ckpt: str, args) -> Callable[[list[torch.Tensor], int], float]:
     from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
-    from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+    from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+    from realrl.impl.model.backend.train_engine import TrainEngine
     from realrl.impl.model.nn import ReaLModel
     from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
 

@@ -29,11 +29,12 @@ from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
 from realrl.api.quickstart.memory_plan import model_config
 from realrl.apps.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, data_error_message, one_line
 from realrl.apps.signals import exit_code, handlers_kept, interrupted_message, stop_on_signals
-from realrl.base import config_json, logging, network, private_files
+from realrl.base import config_json, logging, network, plugins, private_files
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.system import names
-from realrl.system.launcher import LocalLauncher, RayLauncher, make_name_record
+from realrl.system.launcher import LocalLauncher, RayLauncher
 from realrl.system.master_worker import MasterWorker
+from realrl.system.names import make_name_record
 from realrl.system.request_reply_stream import (
     Codec,
     MasterStream,
@@ -153,10 +154,8 @@ def load_config(path: str) -> ExperimentConfig:
     """The ``ExperimentConfig`` a run saved (or a user wrote) at ``path``; ``UserError`` naming
     the file for one that is not such a config, or that another user may write (it names the
     plugin modules to import)."""
-    from realrl.system.model_worker import import_plugins
-
     try:
-        config = config_json.loads(private_files.read_private(path), import_plugins)
+        config = config_json.loads(private_files.read_private(path), plugins.import_plugins)
     except (OSError, config_json.ConfigFormatError) as e:
         raise UserError(f"{path}: {e}") from e
     if not isinstance(config, ExperimentConfig):
@@ -235,9 +234,7 @@ def _devices(config: ExperimentConfig, mode: str) -> tuple[list[str], str, float
     if not devices.is_cuda(config.device):
         return [config.device] * n, devices.GLOO, 0.0
     if mode == "local":
-        import torch
-
-        placed = devices.local_devices(config.device, n, torch.cuda.device_count(), config.colocate)
+        placed = devices.local_devices(config.device, n, devices.visible_gpu_count(), config.colocate)
         return placed, devices.dist_backend(placed), 0.0
     import ray
 

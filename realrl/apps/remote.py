@@ -26,7 +26,7 @@ def warm_up() -> None:
     """Import what a worker imports before its first step: torch and realrl's implementations,
     and transformers' tokenizer and config machinery (on transformers 5, reading any model's
     config imports ~2 s of shared modules, the same for every model family)."""
-    import realrl.impl  # noqa: F401
+    import realrl.impl.builtin  # noqa: F401
     import realrl.system.launcher  # noqa: F401
 
     try:
@@ -56,8 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     if not secret_hex:
         sys.exit("no secret on stdin: workers are started by realrl.apps.main, not by hand")
     faulthandler.register(signal.SIGUSR1)
-    from realrl.system.launcher import run_model_worker
-    from realrl.system.model_worker import import_plugins
+    from realrl.system.model_worker import import_plugins, run_model_worker
 
     configs = config_json.loads(private_files.read_private(args.configs), import_plugins)
     run_model_worker(configs[args.index], bytes.fromhex(secret_hex))

@@ -17,12 +17,14 @@ from realrl.apps.configs import build_config
 from realrl.apps.errors import UserError, data_error_message, one_line
 from realrl.apps.main import ExperimentFailedError, run_experiment
 from realrl.apps.preflight import check_paths
+from realrl.apps.summarize import summarize_in_child
 from realrl.base import logging, stats
 from realrl.experiments.tasks import get_task, has_checkpoint
 from realrl.system.standby import StandbyWorkers
 
 logger = logging.getLogger("quickstart")
 T = TypeVar("T")
+SUMMARY_TIMEOUT_S = 4 * 3600.0  # an embedded task's held-out evaluation (seconds on the toy, 2 cores)
 
 # what every experiment draws besides its own curves: evaluations on the valid set, beside the
 # training curve of the same group
@@ -172,7 +174,7 @@ def run_one(
     (not when the data is at fault: a restart would fail the same way)."""
     exp = exp or cfg.initial_setup()
     os.makedirs(exp.run_dir, exist_ok=True)
-    draw_graph(build_graph(exp.mfcs), os.path.join(exp.run_dir, "dataflow_graph.png"))
+    graph = build_graph(exp.mfcs)  # checked now; drawn once the workers are gone (matplotlib's memory)
     attempts = 1 + (cfg.recover_retries if cfg.recover_mode == "auto" else 0)
     monitor = RunMonitor(exp.run_dir, dict(type(cfg).PROGRESS), cfg.wandb_project)
     local = {"standby": standby, "warm_next": warm_next} if cfg.mode == "local" else {}
@@ -194,6 +196,7 @@ def run_one(
                 exp.resume = True
     finally:
         monitor.close()
+        draw_graph(graph, os.path.join(exp.run_dir, "dataflow_graph.png"))
     raise AssertionError("unreachable")
 
 
@@ -227,7 +230,10 @@ def run_quickstart(
         summary[SAMPLES_KEY] = last_samples
     recipe = get_task(cfg.task).recipe(name) if cfg.task else None
     if recipe is not None and recipe.summarize is not None:
-        summary.update(recipe.summarize(cfg))
+        try:  # in a process of its own: it loads models, and this one imports no torch
+            summary.update(summarize_in_child(name, cfg, run_dir, SUMMARY_TIMEOUT_S))
+        except RuntimeError as e:
+            raise ExperimentFailedError(f"{name}: the run finished, but {e}") from e
     summary["wall_seconds"] = round(time.time() - start, 1)
     stats.write_summary(run_dir, summary)
     logger.info(

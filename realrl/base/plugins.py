@@ -71,3 +71,12 @@ def load_entry_points() -> tuple[str, ...]:
 def entry_point_modules() -> tuple[str, ...]:
     """The modules the installed packages' ``realrl.plugins`` entry points name."""
     return tuple(ep.module for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def import_plugins(modules: list[str]) -> tuple[str, ...]:
+    """Load the installed packages' plugins and import the user's ``modules`` (dotted names or
+    ``.py`` paths); the names of the plugin modules, whose classes a config may hold. What a
+    plugin imports is its own: one that imports torch at its top brings torch into the master."""
+    load_entry_points()
+    import_modules(modules)
+    return (*entry_point_modules(), *map(module_name, modules))

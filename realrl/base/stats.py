@@ -51,10 +51,10 @@ class StatsWriter:
         self._tb = None
         self._wandb = None
         if use_tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+            try:  # imported here: tensorboard is optional, and a run without it must not pay for it
+                from realrl.base.tensorboard_events import EventWriter
 
-                self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+                self._tb = EventWriter(os.path.join(run_dir, "tensorboard"))
             except ImportError:
                 logger.info("tensorboard is not installed; stats go to stats.jsonl only")
         if wandb_project:

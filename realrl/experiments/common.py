@@ -18,8 +18,7 @@ from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.allocation import parse_allocation
 from realrl.api.quickstart.base import CommonExperimentConfig, check_choice
 from realrl.experiments.tasks import get_task
-from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
-from realrl.impl.model.modules.attention import ATTN_IMPLS
+from realrl.impl.model.backend.config import ATTN_IMPLS, EngineConfig, OptimizerConfig
 
 
 @dataclasses.dataclass

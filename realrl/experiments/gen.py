@@ -13,7 +13,7 @@ from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.api.quickstart.entrypoint import register_quickstart_exp
 from realrl.experiments.common import ModelTrainEvalConfig, experiment_config, mfc
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
-from realrl.impl.interface.ppo_rollout import ROLLOUT_KEYS
+from realrl.impl.interface.ppo_keys import ROLLOUT_KEYS
 
 
 @dataclasses.dataclass

@@ -23,12 +23,13 @@ from realrl.experiments.common import (
     reference_on_actor,
 )
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
-from realrl.impl.interface.ppo_advantages import advantage_inputs, advantage_outputs
 from realrl.impl.interface.ppo_config import PPOHyperparameters
-from realrl.impl.interface.ppo_rollout import (
+from realrl.impl.interface.ppo_keys import (
     ADVANTAGE_INPUTS,
     CRITIC_TRAIN_KEYS,
     actor_train_keys,
+    advantage_inputs,
+    advantage_outputs,
     rollout_keys,
 )
 

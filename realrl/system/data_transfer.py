@@ -1,16 +1,8 @@
-"""Worker-to-worker tensor movement: the master plans, workers move bytes with torch.distributed.
-
-The master knows every live sample's metadata and which workers hold each (id, key); before a
-call it plans ``TransferPiece``s (one tensor: one key of a run of ids, from one worker to
-another) and hands each worker, in one request, every piece it sends or receives. A worker
-posts all its sends and receives at once and then waits, so the pieces of one call can never
-deadlock each other; calls never interleave on a worker because each handles its requests in
-the order the master sent them.
-"""
+"""Worker-to-worker tensor movement, the workers' half: a worker's tensor store, and the sends and
+receives of the pieces the master planned (``transfer_plan``) over torch.distributed."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from collections.abc import Hashable, Sequence
 
@@ -18,54 +10,8 @@ import torch
 import torch.distributed as dist
 
 from realrl.api.core.data_api import SequenceSample
-from realrl.system.buffer import SampleBuffer
-
-
-@dataclasses.dataclass
-class TransferPiece:
-    src: int
-    dst: int
-    key: str
-    ids: list[Hashable]
-    seqlens: list[list[int]]  # per id, as in SequenceSample.seqlens[key]
-    dtype: torch.dtype
-    trailing_shape: tuple[int, ...]
-    tag: int
-
-    @property
-    def rows(self) -> int:
-        return sum(sum(r) for r in self.seqlens)
-
-
-def plan_transfers(
-    buffer: SampleBuffer, ids: Sequence[Hashable], keys: Sequence[str], dst: int, first_tag: int
-) -> list[TransferPiece]:
-    """Pieces that bring ``keys`` of ``ids`` to worker ``dst``; keys it already holds stay put.
-
-    A key held by several workers is taken from the lowest index, so plans are reproducible.
-    """
-    pieces: list[TransferPiece] = []
-    for key in keys:
-        runs: dict[int, list[Hashable]] = {}
-        for sid in ids:
-            owners = buffer.owners(sid, key)
-            if dst not in owners:
-                runs.setdefault(min(owners), []).append(sid)
-        for src, run in sorted(runs.items()):
-            meta = buffer.gather_meta(run, [key])
-            pieces.append(
-                TransferPiece(
-                    src,
-                    dst,
-                    key,
-                    run,
-                    meta.seqlens[key],
-                    meta.dtypes[key],
-                    meta.trailing_shapes[key],
-                    first_tag + len(pieces),
-                )
-            )
-    return pieces
+from realrl.api.core.dtype_names import to_torch
+from realrl.system.transfer_plan import TransferPiece
 
 
 class TensorStore:
@@ -136,7 +82,8 @@ def run_transfers(store: TensorStore, pieces: Sequence[TransferPiece], me: int, 
             if p.rows:
                 works.append(dist.isend(_wire(store.get(p.ids, p.key)), dst=p.dst, tag=p.tag))
         else:
-            wire_dtype = torch.uint8 if p.dtype == torch.bool else p.dtype
+            dtype = to_torch(p.dtype)
+            wire_dtype = torch.uint8 if dtype == torch.bool else dtype
             buf = torch.empty((p.rows, *p.trailing_shape), dtype=wire_dtype)
             if p.rows:
                 works.append(dist.irecv(buf, src=p.src, tag=p.tag))
@@ -144,7 +91,7 @@ def run_transfers(store: TensorStore, pieces: Sequence[TransferPiece], me: int, 
     for w in works:
         w.wait(timeout=datetime.timedelta(seconds=timeout))
     for p, buf in landed:
-        t = buf.view(torch.bool) if p.dtype == torch.bool else buf
+        t = buf.view(torch.bool) if p.dtype == "bool" else buf
         off = 0
         for sid, lens in zip(p.ids, p.seqlens):
             n = sum(lens)

@@ -22,9 +22,9 @@ from realrl.api.core.dfg import MFCDef
 from realrl.api.core.system_api import model_worker_name
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyPlan
-from realrl.system.data_transfer import plan_transfers
 from realrl.system.protocol import MFCCall, MFCReply, MFCRequest, ReallocOrder
 from realrl.system.request_reply_stream import MasterStream, wait_replies
+from realrl.system.transfer_plan import plan_transfers
 
 TAG_MODULUS = 2**30
 

@@ -16,29 +16,14 @@ import sys
 import time
 from collections import deque
 
-from realrl.api.core.system_api import ModelWorkerConfig, NameResolveConfig
+from realrl.api.core.system_api import ModelWorkerConfig
 from realrl.base import config_json, logging, private_files
-from realrl.base.name_resolve import NameRecordRepository, make_repository
 from realrl.base.processes import die_with_parent
-from realrl.system.model_worker import ModelWorker
-from realrl.system.request_reply_stream import Codec, WorkerLostError
+from realrl.system.request_reply_stream import WorkerLostError
 from realrl.system.standby import WORKER_ENV, StandbyWorkers
 
 logger = logging.getLogger("launcher")
 WORKER_CONFIGS = "worker_configs.json"  # in the run folder: data (realrl.base.config_json), not a pickle
-
-
-def make_name_record(cfg: NameResolveConfig) -> NameRecordRepository:
-    if cfg.kind == "ray":
-        from realrl.base.name_resolve_ray import RayNameRecordRepository
-
-        return RayNameRecordRepository(cfg.namespace)
-    return make_repository(cfg.kind, root=cfg.root)
-
-
-def run_model_worker(config: ModelWorkerConfig, secret: bytes, exit_on_master_lost: bool = True) -> None:
-    record = make_name_record(config.name_resolve)
-    ModelWorker(config, Codec(secret), record, exit_on_master_lost=exit_on_master_lost).run()
 
 
 def send_secret(proc: subprocess.Popen, secret: bytes) -> None:
@@ -173,6 +158,9 @@ class RayWorkerActor:
             context.get_node_id(),
             ray.util.get_node_ip_address(),
         )
+        # the actor's process runs the worker and imports it (torch and all); the launcher's must not
+        from realrl.system.model_worker import run_model_worker
+
         try:
             run_model_worker(config, secret)
         except BaseException:

@@ -29,7 +29,7 @@ from realrl.base.name_resolve import NameRecordRepository
 from realrl.impl.model.backend import dp, integrity
 from realrl.impl.model.nn.lora import adapters_disabled
 from realrl.impl.model.parallel.mesh import ParallelContext, build_contexts
-from realrl.system import checkpointing, names
+from realrl.system import names, recover_state
 from realrl.system.data_transfer import TensorStore, run_transfers
 from realrl.system.model_copies import ModelCopies
 from realrl.system.protocol import (
@@ -54,12 +54,10 @@ logger = logging.getLogger("model_worker")
 
 
 def import_plugins(modules: list[str]) -> tuple[str, ...]:
-    """Import ``realrl.impl``, the installed packages' plugins and the user's modules (dotted
-    names or ``.py`` paths); the names of the plugin modules (whose classes a config may hold)."""
-    importlib.import_module("realrl.impl")
-    plugins.load_entry_points()
-    plugins.import_modules(modules)
-    return (*plugins.entry_point_modules(), *map(plugins.module_name, modules))
+    """Register realrl's implementations (``realrl.impl.builtin``), then the plugins
+    (``plugins.import_plugins``); the names of the plugin modules (whose classes a config may hold)."""
+    importlib.import_module("realrl.impl.builtin")
+    return plugins.import_plugins(modules)
 
 
 class ShardLoader:
@@ -260,7 +258,7 @@ class ModelWorker(WorkerBase):
         logger.info(
             "%s built models %s and interfaces %s", self.name, sorted(self.models), sorted(self.interfaces)
         )
-        return InitializeReply(sorted(n for n, i in self.interfaces.items() if checkpointing.stateful(i)))
+        return InitializeReply(sorted(n for n, i in self.interfaces.items() if recover_state.stateful(i)))
 
     # -- data ------------------------------------------------------------------------------------
 
@@ -297,7 +295,7 @@ class ModelWorker(WorkerBase):
     def save(self, req: SaveRequest) -> None:
         self.failpoints.hit("save")
         if req.kind == "state":  # a frozen role's call may run away from the model's home
-            checkpointing.save_interface_state(self.interfaces[req.interface], req.path, req.role, req.step)
+            recover_state.save_interface_state(self.interfaces[req.interface], req.path, req.role, req.step)
             logger.info("%s saved the state of %s to %s", self.name, req.interface, req.path)
             return
         model = self.models[req.role]
@@ -308,7 +306,7 @@ class ModelWorker(WorkerBase):
                 return  # a whole replica: its first rank writes it
             self.interfaces[req.interface].save(model, req.path)
         elif req.kind == "recover":
-            checkpointing.save_recover(model, req.role, self._role_interfaces(req.role), req.path, req.step)
+            recover_state.save_recover(model, req.role, self._role_interfaces(req.role), req.path, req.step)
         else:
             raise ValueError(f"unknown checkpoint kind {req.kind!r}")
         logger.info("%s saved %s (%s) to %s", self.name, req.role, req.kind, req.path)
@@ -322,11 +320,11 @@ class ModelWorker(WorkerBase):
         for role, path in sorted(req.paths.items()):
             if role in self.models:
                 interfaces = self._role_interfaces(role)
-                checkpointing.load_recover(self.models[role], role, interfaces, path, req.step)
+                recover_state.load_recover(self.models[role], role, interfaces, path, req.step)
                 logger.info("%s restored %s from %s", self.name, role, path)
         for mfc, path in sorted(req.states.items()):
             role = self.mfcs[mfc].role
-            checkpointing.load_interface_state(self.interfaces[mfc], path, role, req.step)
+            recover_state.load_interface_state(self.interfaces[mfc], path, role, req.step)
             logger.info("%s restored the state of %s from %s", self.name, mfc, path)
 
     # -- model function calls --------------------------------------------------------------------
@@ -463,3 +461,9 @@ def _node_ip() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
+
+
+def run_model_worker(config: ModelWorkerConfig, secret: bytes, exit_on_master_lost: bool = True) -> None:
+    """Run one model worker in this process until the master ends the run."""
+    record = names.make_name_record(config.name_resolve)
+    ModelWorker(config, Codec(secret), record, exit_on_master_lost=exit_on_master_lost).run()

@@ -7,7 +7,7 @@ import dataclasses
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.layout import Placement
 from realrl.api.core.model_api import FinetuneSpec
-from realrl.system.data_transfer import TransferPiece
+from realrl.system.transfer_plan import TransferPiece
 
 
 @dataclasses.dataclass

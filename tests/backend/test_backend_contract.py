@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-import realrl.impl  # noqa: F401  (registers the backends)
+import realrl.impl.builtin  # noqa: F401  (registers the backends)
 from realrl.api.core.config import ModelBackendAbstraction
 from realrl.api.core.model_api import _BACKENDS, make_backend, registered_backends
 

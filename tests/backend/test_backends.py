@@ -6,10 +6,11 @@ import pytest
 import torch
 from _backend_toy import PackedToyLM, make_batch, n_loss_tokens, token_loss
 
-import realrl.impl  # noqa: F401  (registers the backends)
+import realrl.impl.builtin  # noqa: F401  (registers the backends)
 from realrl.api.core.config import ModelBackendAbstraction
 from realrl.api.core.model_api import FinetuneSpec, Model, make_backend, registered_backends
-from realrl.impl.model.backend import InferenceEngine, TrainEngine
+from realrl.impl.model.backend.engine import InferenceEngine
+from realrl.impl.model.backend.train_engine import TrainEngine
 
 FT = FinetuneSpec(total_train_epochs=2, dataset_size=10, train_batch_size=4)  # 3 steps/epoch
 

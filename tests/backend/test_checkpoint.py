@@ -16,7 +16,8 @@ import torch
 from _backend_toy import PackedToyLM, make_batch, n_loss_tokens, token_loss
 
 from realrl.api.core.data_api import MicroBatchSpec
-from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.backend.train_engine import TrainEngine
 
 LENGTHS = [5, 9, 3, 12, 7, 4, 10, 6]
 OPT = OptimizerConfig(lr=1e-2, weight_decay=0.1, lr_scheduler_type="cosine", warmup_steps_proportion=0.25)
@@ -109,7 +110,8 @@ CRASH_SCRIPT = textwrap.dedent(
     import os, sys, torch
     sys.path.insert(0, {test_dir!r})
     from _backend_toy import PackedToyLM
-    from realrl.impl.model.backend import OptimizerConfig, TrainEngine
+    from realrl.impl.model.backend.config import OptimizerConfig
+    from realrl.impl.model.backend.train_engine import TrainEngine
 
     class DiesWhenPickled:
         def __reduce__(self):

@@ -12,7 +12,8 @@ from _backend_toy import PackedToyLM, make_batch, n_loss_tokens, token_loss
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.layout import Layout, Placement
 from realrl.base.network import find_free_port
-from realrl.impl.model.backend import OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import OptimizerConfig
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.parallel.mesh import build_contexts
 
 LENGTHS = [5, 9, 3, 12, 7, 4, 10, 6, 8, 11]

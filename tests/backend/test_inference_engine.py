@@ -8,7 +8,9 @@ from _backend_toy import PackedToyLM, make_batch
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import GenerationHyperparameters
-from realrl.impl.model.backend import EngineConfig, InferenceEngine, OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.backend.engine import InferenceEngine
+from realrl.impl.model.backend.train_engine import TrainEngine
 
 LENGTHS = [5, 9, 3, 12, 7, 4]
 

@@ -17,8 +17,9 @@ from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.lora import LoRAConfig, adapter_param_count
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.apps.configs import build_config, register_everything
-from realrl.impl.model.backend import OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import OptimizerConfig
 from realrl.impl.model.backend.integrity import CheckpointError
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn import ReaLModel
 from realrl.impl.model.nn.lora import ADAPTER_DIR, adapters_disabled, add_adapters, merged_state_dict
 
@@ -250,7 +251,7 @@ def test_gpt2_keeps_the_merged_model_and_says_why_there_is_no_adapter_folder(tmp
 
 
 def test_in_bf16_the_base_is_stored_in_bf16_and_the_adapters_train_in_fp32():
-    from realrl.impl.model.backend import EngineConfig
+    from realrl.impl.model.backend.config import EngineConfig
 
     model = adapted()
     engine = TrainEngine(model, OptimizerConfig(lr=1e-2), EngineConfig(dtype="bf16"), total_train_steps=4)

@@ -10,7 +10,7 @@ import torch
 import transformers
 from _backend_toy import make_batch, n_loss_tokens, token_loss
 
-import realrl.impl  # noqa: F401  (registers models and backends)
+import realrl.impl.builtin  # noqa: F401  (registers models and backends)
 from realrl.api.core.config import ModelAbstraction
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import (
@@ -20,7 +20,9 @@ from realrl.api.core.model_api import (
     make_backend,
     make_model,
 )
-from realrl.impl.model.backend import EngineConfig, InferenceEngine, OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.backend.engine import InferenceEngine
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn import ReaLModel
 
 LENGTHS = [5, 9, 3, 12, 7, 4, 10, 6]

@@ -7,8 +7,9 @@ import torch
 from _backend_toy import PackedToyLM, loss_mask, make_batch, n_loss_tokens, token_loss
 
 from realrl.api.core.data_api import MicroBatchSpec
-from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.lr_schedule import LRScheduler
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
 
 LENGTHS = [5, 9, 3, 12, 7, 4, 10, 6, 8, 11]

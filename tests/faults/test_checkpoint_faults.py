@@ -25,9 +25,11 @@ from realrl.apps.main import ExperimentFailedError
 from realrl.apps.run import run_quickstart
 from realrl.impl.interface.common import save_model
 from realrl.impl.interface.rw_interface import PairedRewardInterface
-from realrl.impl.model.backend import OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import OptimizerConfig
 from realrl.impl.model.backend.integrity import CheckpointError, verify_hf_checkpoint
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.system import checkpointing as ck
+from realrl.system import recover_state as rs
 from realrl.system.checkpointing import RecoverPointError
 
 # -- recover points at the function level ------------------------------------------------------
@@ -43,9 +45,9 @@ def write_point(run_dir: str, step: int, mark: bool = True) -> None:
     interface state ("reward": the normalisation fitted on the first batch)."""
     model = actor(step)
     model.version.global_step = step
-    ck.save_recover(model, "actor", {}, ck.recover_dir(run_dir, step, "actor"), step)
+    rs.save_recover(model, "actor", {}, ck.recover_dir(run_dir, step, "actor"), step)
     rew = PairedRewardInterface(gain=float(step), bias=0.5)
-    ck.save_interface_state(rew, ck.state_file(run_dir, step, "reward", "rew_inf", 0), "reward", step)
+    rs.save_interface_state(rew, ck.state_file(run_dir, step, "reward", "rew_inf", 0), "reward", step)
     if mark:
         ck.mark_recover_point(run_dir, step)
 
@@ -60,8 +62,8 @@ def run_dir(tmp_path):
 
 def load_point(run_dir: str, step: int) -> tuple[Model, PairedRewardInterface]:
     model, rew = actor(99), PairedRewardInterface()
-    ck.load_recover(model, "actor", {}, ck.recover_dir(run_dir, step, "actor"), step)
-    ck.load_interface_state(rew, ck.state_file(run_dir, step, "reward", "rew_inf", 0), "reward", step)
+    rs.load_recover(model, "actor", {}, ck.recover_dir(run_dir, step, "actor"), step)
+    rs.load_interface_state(rew, ck.state_file(run_dir, step, "reward", "rew_inf", 0), "reward", step)
     return model, rew
 
 
@@ -120,10 +122,10 @@ def test_a_damaged_point_is_named_and_the_previous_one_is_used(run_dir, damage):
 def test_loading_a_damaged_file_names_it_even_without_verifying_first(run_dir):
     cut(os.path.join(ck.recover_dir(run_dir, 4, "actor"), "engine_state.pt"))
     with pytest.raises(RecoverPointError, match=r"step 4, role 'actor'.*engine_state\.pt"):
-        ck.load_recover(actor(0), "actor", {}, ck.recover_dir(run_dir, 4, "actor"), 4)
+        rs.load_recover(actor(0), "actor", {}, ck.recover_dir(run_dir, 4, "actor"), 4)
     cut(ck.state_file(run_dir, 4, "reward", "rew_inf", 0))
     with pytest.raises(RecoverPointError, match=r"step 4, role 'reward'.*rew_inf\.rank0\.state\.pt"):
-        ck.load_interface_state(
+        rs.load_interface_state(
             PairedRewardInterface(), ck.state_file(run_dir, 4, "reward", "rew_inf", 0), "reward", 4
         )
 
@@ -195,9 +197,9 @@ def test_a_recover_point_that_cannot_be_written_is_named_and_the_previous_one_st
     with open(blocked, "w") as f:  # where the folder of step 6 must go
         f.write("not a folder")
     with pytest.raises(RecoverPointError, match=r"step 6, role 'actor'.*cannot write"):
-        ck.save_recover(actor(6), "actor", {}, ck.recover_dir(run_dir, 6, "actor"), 6)
+        rs.save_recover(actor(6), "actor", {}, ck.recover_dir(run_dir, 6, "actor"), 6)
     with pytest.raises(RecoverPointError, match=r"step 6, role 'reward'.*cannot write"):
-        ck.save_interface_state(
+        rs.save_interface_state(
             PairedRewardInterface(), ck.state_file(run_dir, 6, "reward", "rew_inf", 0), "reward", 6
         )
     ck.verify_recover_point(run_dir, 4)

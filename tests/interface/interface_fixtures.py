@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-import realrl.impl  # noqa: F401  (registers models, backends, interfaces)
+import realrl.impl.builtin  # noqa: F401  (registers models, backends, interfaces)
 from realrl.api.core.config import ModelName
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import Model, ReaLModelConfig

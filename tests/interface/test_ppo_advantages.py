@@ -14,8 +14,9 @@ from realrl.api.core.config import ModelInterfaceAbstraction, ModelName
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import GenerationOutput, Model, make_interface
 from realrl.impl.interface.common import per_sequence_sample, token_minus_one_sample
-from realrl.impl.interface.ppo_advantages import AdvantageInterface, advantage_inputs, advantage_outputs
+from realrl.impl.interface.ppo_advantages import AdvantageInterface
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
+from realrl.impl.interface.ppo_keys import advantage_inputs, advantage_outputs
 from realrl.impl.interface.ppo_rollout import overlong_penalties, rollout_sample
 from realrl.impl.model.utils import advantages as A
 from realrl.impl.model.utils import ppo_functional as F

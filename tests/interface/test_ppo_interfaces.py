@@ -23,7 +23,7 @@ from realrl.impl.interface.ppo_rollout import (
 )
 from realrl.impl.model.utils import ppo_functional as F
 from realrl.impl.model.utils.functional import shifted_token_mask
-from realrl.system.checkpointing import stateful
+from realrl.system.recover_state import stateful
 
 PROMPTS = ["w1 w2", "w3", "w4 w5 w6", "w7"]
 GEN = {"max_new_tokens": 6, "min_new_tokens": 1, "top_p": 1.0, "top_k": 0}

@@ -17,7 +17,9 @@ from model_fixtures import FAMILIES, make_hf_model
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import GenerationHyperparameters
-from realrl.impl.model.backend import EngineConfig, InferenceEngine, OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.backend.engine import InferenceEngine
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.modules import kv_cache
 from realrl.impl.model.modules.attention import check_one_dtype
 from realrl.impl.model.nn.real_model import ReaLModel

@@ -198,7 +198,7 @@ def test_reward_is_read_at_the_last_real_token(folder, tokenizer, tmp_path):
     """rw_paired data from chat prompts: each side ends with one EOS (== pad); the reward model
     reads the EOS (``reward_position="last"``) or the token before it (``"before_eos"``), never a
     pad, and a sequence's reward does not depend on what it is packed with."""
-    import realrl.impl  # noqa: F401  (registers the datasets)
+    import realrl.impl.builtin  # noqa: F401  (registers the datasets)
     from realrl.api.core.config import DatasetAbstraction
     from realrl.api.core.data_api import make_dataset
     from realrl.impl.interface.rw_interface import PairedRewardInterface
@@ -243,7 +243,7 @@ def test_reward_is_read_at_the_last_real_token(folder, tokenizer, tmp_path):
 def test_sft_answer_keeps_its_eos_in_the_loss(tokenizer, tmp_path):
     """prompt_answer on a chat prompt: prompt + answer + one EOS; the loss covers the answer and the
     EOS (the model learns to stop), and nothing of the answer is taken for padding."""
-    import realrl.impl  # noqa: F401
+    import realrl.impl.builtin  # noqa: F401
     from realrl.api.core.config import DatasetAbstraction
     from realrl.api.core.data_api import make_dataset
     from realrl.impl.interface.common import answer_loss_mask

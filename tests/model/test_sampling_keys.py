@@ -9,8 +9,7 @@ from model_fixtures import tiny_config
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
-from realrl.impl.model.backend import InferenceEngine
-from realrl.impl.model.backend.engine import prompt_keys
+from realrl.impl.model.backend.engine import InferenceEngine, prompt_keys
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.nn.sampling import answer_keys, mix64, random_keys, row_uniforms, sample_categorical
 

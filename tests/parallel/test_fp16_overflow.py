@@ -10,7 +10,8 @@ from _ranks import TIMEOUT, run_ranks
 from model_fixtures import tiny_config
 
 from realrl.api.core.layout import Layout, Placement
-from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.apply import parallelize
 from realrl.impl.model.parallel.dtensor import local

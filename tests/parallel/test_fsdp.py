@@ -13,7 +13,8 @@ from model_fixtures import tiny_config
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.layout import Layout, Placement
-from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.apply import parallelize
 from realrl.impl.model.parallel.dtensor import is_dtensor

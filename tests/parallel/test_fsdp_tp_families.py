@@ -25,7 +25,8 @@ import realrl.api.from_hf  # noqa: F401  (registers the families)
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.model_api import ReaLModelConfig, registered_hf_families
-from realrl.impl.model.backend import EngineConfig, OptimizerConfig, TrainEngine
+from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
+from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.apply import parallelize
 from realrl.impl.model.parallel.dtensor import is_dtensor

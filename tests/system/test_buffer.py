@@ -14,7 +14,8 @@ import torch.multiprocessing as mp
 from realrl.api.core.data_api import SequenceSample
 from realrl.base.network import find_free_port
 from realrl.system.buffer import SampleBuffer
-from realrl.system.data_transfer import TensorStore, TransferPiece, plan_transfers, run_transfers
+from realrl.system.data_transfer import TensorStore, run_transfers
+from realrl.system.transfer_plan import TransferPiece, plan_transfers
 
 
 def batch(ids, lens, key="packed_prompts", start=0):

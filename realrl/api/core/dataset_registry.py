@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from realrl.api.core.config import DatasetAbstraction
 from realrl.api.core.tokenizer import load_hf_tokenizer
 from realrl.base.registry import Registry
+
+if TYPE_CHECKING:  # the registry names datasets; only a worker builds one
+    import torch
 
 
 @dataclasses.dataclass

@@ -14,6 +14,9 @@ NCCL does not allow.
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
 
 GLOO = "gloo"
 GLOO_AND_NCCL = "cpu:gloo,cuda:nccl"
@@ -26,6 +29,38 @@ class DeviceAssignmentError(ValueError):
 
 def is_cuda(device: str) -> bool:
     return device == "cuda" or device.startswith("cuda:")
+
+
+def visible_gpu_count() -> int:
+    """NVIDIA GPUs this process may use, found without importing torch or CUDA: the launching
+    process stays free of both (docs/runtime.md). ``CUDA_VISIBLE_DEVICES`` when set (as CUDA reads
+    it: entries up to the first invalid one), else the driver's ``/proc/driver/nvidia/gpus``, else
+    ``nvidia-smi -L``; 0 where none answers."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = 0
+        for entry in visible.split(","):
+            entry = entry.strip()
+            if not entry or entry.startswith("-"):
+                break
+            count += 1
+        return min(count, _driver_gpu_count()) if count else 0
+    return _driver_gpu_count()
+
+
+def _driver_gpu_count() -> int:
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
 def local_devices(device: str, n_workers: int, n_gpus: int, colocate: bool) -> list[str]:

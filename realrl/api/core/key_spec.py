@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
-import torch
-
+from realrl.api.core.dtype_names import dtype_name
 from realrl.base.registry import Registry
 
 
@@ -27,7 +27,7 @@ class KeySpec:
 
     name: str
     kind: KeyKind
-    dtype: torch.dtype
+    dtype: str  # a dtype name (realrl.api.core.dtype_names): metadata needs no torch
     trailing_shape: tuple[int, ...] = ()
 
     def length(self, n_tokens: int) -> int:
@@ -44,11 +44,12 @@ _KEY_SPECS: Registry[KeySpec] = Registry("key spec")
 def register_key_spec(
     name: str,
     kind: KeyKind | str,
-    dtype: torch.dtype,
+    dtype: Any,
     trailing_shape: tuple[int, ...] = (),
 ) -> KeySpec:
-    """Declare a key's length rule so ``from_default`` and every consumer agree on it."""
-    spec = KeySpec(name, KeyKind(kind), dtype, tuple(trailing_shape))
+    """Declare a key's length rule so ``from_default`` and every consumer agree on it. ``dtype``:
+    a ``torch.dtype`` or its name (stored as the name)."""
+    spec = KeySpec(name, KeyKind(kind), dtype_name(dtype), tuple(trailing_shape))
     return _KEY_SPECS.register(name, spec)
 
 
@@ -61,21 +62,21 @@ def registered_keys() -> list[str]:
 
 
 for _name, _kind, _dtype in [
-    ("packed_prompts", KeyKind.TOKEN, torch.long),
-    ("packed_input_ids", KeyKind.TOKEN, torch.long),
-    ("prompt_mask", KeyKind.TOKEN, torch.bool),
-    ("greedy_input_ids", KeyKind.TOKEN, torch.long),  # ReMax's baseline answers
-    ("greedy_prompt_mask", KeyKind.TOKEN, torch.bool),
-    ("values", KeyKind.TOKEN, torch.float32),
-    ("old_values", KeyKind.TOKEN, torch.float32),
-    ("packed_logprobs", KeyKind.TOKEN_MINUS_ONE, torch.float32),
-    ("packed_ref_logprobs", KeyKind.TOKEN_MINUS_ONE, torch.float32),
-    ("advantages", KeyKind.TOKEN_MINUS_ONE, torch.float32),
-    ("returns", KeyKind.TOKEN_MINUS_ONE, torch.float32),
-    ("ppo_loss_mask", KeyKind.TOKEN_MINUS_ONE, torch.bool),
-    ("kl_rewards", KeyKind.TOKEN_MINUS_ONE, torch.float32),
-    ("rewards", KeyKind.SEQUENCE, torch.float32),
-    ("baseline_rewards", KeyKind.SEQUENCE, torch.float32),
-    ("seq_no_eos_mask", KeyKind.SEQUENCE, torch.bool),
+    ("packed_prompts", KeyKind.TOKEN, "int64"),
+    ("packed_input_ids", KeyKind.TOKEN, "int64"),
+    ("prompt_mask", KeyKind.TOKEN, "bool"),
+    ("greedy_input_ids", KeyKind.TOKEN, "int64"),  # ReMax's baseline answers
+    ("greedy_prompt_mask", KeyKind.TOKEN, "bool"),
+    ("values", KeyKind.TOKEN, "float32"),
+    ("old_values", KeyKind.TOKEN, "float32"),
+    ("packed_logprobs", KeyKind.TOKEN_MINUS_ONE, "float32"),
+    ("packed_ref_logprobs", KeyKind.TOKEN_MINUS_ONE, "float32"),
+    ("advantages", KeyKind.TOKEN_MINUS_ONE, "float32"),
+    ("returns", KeyKind.TOKEN_MINUS_ONE, "float32"),
+    ("ppo_loss_mask", KeyKind.TOKEN_MINUS_ONE, "bool"),
+    ("kl_rewards", KeyKind.TOKEN_MINUS_ONE, "float32"),
+    ("rewards", KeyKind.SEQUENCE, "float32"),
+    ("baseline_rewards", KeyKind.SEQUENCE, "float32"),
+    ("seq_no_eos_mask", KeyKind.SEQUENCE, "bool"),
 ]:
     register_key_spec(_name, _kind, _dtype)

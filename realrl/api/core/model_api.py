@@ -10,9 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from realrl.api.core.config import (
     ModelAbstraction,
@@ -22,6 +20,9 @@ from realrl.api.core.config import (
 )
 from realrl.api.core.data_api import SequenceSample
 from realrl.base.registry import Registry
+
+if TYPE_CHECKING:  # tensors only in annotations here: the master imports this module without torch
+    import torch
 
 # ----------------------------------------------------------------------------- model config
 
@@ -141,6 +142,8 @@ class GenerationOutput:
 
     def prompt_mask(self) -> torch.Tensor:
         """bool [sum L]: True on prompt tokens."""
+        import torch  # a generation's output: in a worker, where torch is loaded
+
         parts = [
             torch.arange(L, device=self.sequences.device) < p for L, p in zip(self.seqlens, self.prompt_lens)
         ]

@@ -6,6 +6,10 @@ lengths of the sequences of sample ``i`` under that key (a reward pair has two, 
 answers has K). How long a key is relative to its sample's tokens is declared in the ``KeySpec``
 registry, never hard-coded (the key contract: docs/datasets.md).
 
+This module imports no torch: the master holds samples without tensors (``data=None``) and must
+stay free of it, so dtypes are names (``"int64"``; ``realrl.api.core.dtype_names``) and the few
+methods that touch tensors import torch where they run, in workers, which have it already.
+
 Re-exported by ``realrl.api.core.data_api`` (the stable import path).
 """
 
@@ -14,14 +18,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable, Sequence
 from itertools import accumulate, chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from realrl.api.core.dtype_names import dtype_name
 from realrl.api.core.key_spec import get_key_spec, registered_keys
 from realrl.api.core.microbatch import MicroBatchSpec
 from realrl.base import datapack
 from realrl.base.registry import UnknownNameError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _as_int_lists(seqlens: dict[str, Sequence[Sequence[int]]]) -> dict[str, list[list[int]]]:
@@ -29,7 +35,7 @@ def _as_int_lists(seqlens: dict[str, Sequence[Sequence[int]]]) -> dict[str, list
     for k, per_sample in seqlens.items():
         rows = []
         for i, lens in enumerate(per_sample):
-            if isinstance(lens, torch.Tensor):
+            if hasattr(lens, "tolist"):  # a tensor or array of lengths
                 lens = lens.tolist()
             if isinstance(lens, int):
                 raise ValueError(
@@ -55,7 +61,7 @@ class SequenceSample:
 
     keys: set[str]
     trailing_shapes: dict[str, tuple[int, ...]]
-    dtypes: dict[str, torch.dtype]
+    dtypes: dict[str, str]  # dtype names; a torch.dtype given here is stored as its name
     ids: list[Hashable]
     seqlens: dict[str, list[list[int]]]
     data: dict[str, torch.Tensor | None] | None = None
@@ -65,7 +71,7 @@ class SequenceSample:
         self.keys = set(self.keys)
         self.ids = list(self.ids)
         self.trailing_shapes = {k: tuple(v) for k, v in self.trailing_shapes.items()}
-        self.dtypes = dict(self.dtypes)
+        self.dtypes = {k: dtype_name(v) for k, v in self.dtypes.items()}
         self.seqlens = _as_int_lists(self.seqlens)
         self.metadata = {k: list(v) for k, v in (self.metadata or {}).items()}
         self._validate()
@@ -75,7 +81,7 @@ class SequenceSample:
         cls,
         keys: set[str],
         trailing_shapes: dict[str, tuple[int, ...]],
-        dtypes: dict[str, torch.dtype],
+        dtypes: dict[str, str],
         ids: list[Hashable],
         seqlens: dict[str, list[list[int]]],
         data: dict[str, torch.Tensor | None] | None,
@@ -129,6 +135,8 @@ class SequenceSample:
 
     def _validate_tensors(self) -> None:
         """Each tensor against its key's seqlens, trailing shape and dtype."""
+        import torch  # only samples holding tensors get here: in a worker, torch is loaded
+
         for k, t in self.data.items():
             if t is None:
                 continue
@@ -143,7 +151,7 @@ class SequenceSample:
                     f"key {k!r}: trailing shape {tuple(shape[1:])} differs from declared "
                     f"{self.trailing_shapes[k]}"
                 )
-            if t.dtype != self.dtypes[k]:
+            if dtype_name(t.dtype) != self.dtypes[k]:
                 raise ValueError(f"key {k!r}: dtype {t.dtype} differs from declared {self.dtypes[k]}")
 
     # -- construction ------------------------------------------------------------------------
@@ -174,7 +182,7 @@ class SequenceSample:
         parts = dict(
             keys=set(data),
             trailing_shapes={k: tuple(v.shape[1:]) for k, v in data.items()},
-            dtypes={k: v.dtype for k, v in data.items()},
+            dtypes={k: dtype_name(v.dtype) for k, v in data.items()},
             ids=list(ids),
             seqlens=lens,
             data=dict(data),
@@ -223,6 +231,8 @@ class SequenceSample:
             raise ValueError("gather: cannot mix metadata-only samples with samples holding data")
         data = None
         if all(has_data):
+            import torch  # samples holding tensors: in a worker, where torch is loaded
+
             data = {}
             for k in keys:
                 parts = [s.data[k] for s in samples]
@@ -262,6 +272,8 @@ class SequenceSample:
 
     def cu_seqlens(self, key: str) -> torch.Tensor:
         """int32 cumulative sequence boundaries of ``key`` (flash-attn varlen layout)."""
+        import torch  # called by workers on the tensors they hold
+
         lens = torch.tensor([0] + self.flat_seqlens(key), dtype=torch.int32)
         return torch.cumsum(lens, dim=0, dtype=torch.int32)
 
@@ -401,6 +413,8 @@ class SequenceSample:
             return False
         if self.data is None:
             return True
+        import torch  # both hold tensors: torch is loaded
+
         for k in self.keys:
             a, b = self.data[k], other.data[k]
             if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):

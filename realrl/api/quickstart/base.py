@@ -11,6 +11,8 @@ import os
 import re
 from typing import ClassVar
 
+from realrl.api.core.devices import visible_gpu_count
+
 
 def check_choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
@@ -116,6 +118,4 @@ class CommonExperimentConfig:
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if visible_gpu_count() > 0 else "cpu"

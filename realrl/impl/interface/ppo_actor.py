@@ -33,9 +33,8 @@ from realrl.impl.interface.common import (
     token_minus_one_sample,
 )
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
+from realrl.impl.interface.ppo_keys import BEHAV_VERSION, actor_train_keys
 from realrl.impl.interface.ppo_rollout import (
-    BEHAV_VERSION,
-    actor_train_keys,
     resolve_token_id,
     rollout_sample,
     stamp_version,

@@ -28,8 +28,8 @@ from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import SAMPLES_KEY, Model, ModelInterface, register_interface
 from realrl.impl.interface.common import INPUT_KEY, require_keys, token_minus_one_sample, token_sample
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
+from realrl.impl.interface.ppo_keys import ADVANTAGE_INPUTS, advantage_inputs
 from realrl.impl.interface.ppo_rollout import (
-    ADVANTAGE_INPUTS,
     overlong_penalties,
     resolve_token_id,
     rollout_kl,
@@ -44,17 +44,6 @@ def make_kl_controller(hp: PPOHyperparameters) -> F.FixedKLController | F.Adapti
     if hp.adaptive_kl_ctl:
         return F.AdaptiveKLController(hp.kl_ctl, hp.adaptive_kl_target, hp.adaptive_kl_horizon)
     return F.FixedKLController(hp.kl_ctl)
-
-
-def advantage_outputs(hp: PPOHyperparameters) -> tuple[str, ...]:
-    """What ``compute_adv`` writes: the critic's targets and old values only with a critic."""
-    base = ("advantages", "ppo_loss_mask", "kl_rewards")
-    return base + (("returns", "old_values") if hp.uses_critic else ())
-
-
-def advantage_inputs(hp: PPOHyperparameters) -> tuple[str, ...]:
-    extra = ("values",) if hp.uses_critic else ()
-    return ADVANTAGE_INPUTS + extra + (("baseline_rewards",) if hp.estimator.needs_baseline else ())
 
 
 @dataclasses.dataclass

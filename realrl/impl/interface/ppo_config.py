@@ -26,8 +26,13 @@ import dataclasses
 from typing import Any
 
 from realrl.api.core.model_api import GenerationHyperparameters
-from realrl.impl.model.utils.advantages import adv_estimator_names, get_adv_estimator
-from realrl.impl.model.utils.policy_losses import AGGREGATIONS, PolicyLossConfig, policy_loss_names
+from realrl.impl.model.utils.rl_registry import (
+    AGGREGATIONS,
+    PolicyLossConfig,
+    adv_estimator_names,
+    get_adv_estimator,
+    policy_loss_names,
+)
 
 
 def real_generation_defaults() -> GenerationHyperparameters:

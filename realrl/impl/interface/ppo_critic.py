@@ -28,7 +28,7 @@ from realrl.impl.interface.common import (
     token_sample,
 )
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
-from realrl.impl.interface.ppo_rollout import CRITIC_TRAIN_KEYS
+from realrl.impl.interface.ppo_keys import CRITIC_TRAIN_KEYS
 from realrl.impl.interface.ppo_updates import run_epochs
 from realrl.impl.model.utils import ppo_functional as F
 

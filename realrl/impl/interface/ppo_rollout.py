@@ -4,7 +4,7 @@
 truncation of "The N Implementation Details of RLHF with PPO", PPO detail 5; "PPO detail N"
 below is item N of its "Policy Training Implementation Details"); ``shape_scores`` turns
 ``rewards`` into the score PPO optimises (``ppo_advantages`` computes the advantages from it once
-per batch). The key lists of the PPO-family graphs are defined here, once.
+per batch). The key lists of the PPO-family graphs are in ``ppo_keys``.
 """
 
 from __future__ import annotations
@@ -17,33 +17,8 @@ from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import GenerationOutput
 from realrl.impl.interface.common import INPUT_KEY, per_sequence_sample
 from realrl.impl.interface.ppo_config import PPOHyperparameters
+from realrl.impl.interface.ppo_keys import BEHAV_VERSION, ROLLOUT_KEYS
 from realrl.impl.model.utils import ppo_functional as F
-
-# what generation writes
-ROLLOUT_KEYS = ("packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eos_mask")
-# what the advantage computation reads besides the critic's values (and ReMax's baseline)
-ADVANTAGE_INPUTS = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards")
-# what the actor's update reads: old and reference log-probs, and the advantages
-ACTOR_TRAIN_KEYS = (
-    "packed_input_ids",
-    "packed_logprobs",
-    "packed_ref_logprobs",
-    "advantages",
-    "ppo_loss_mask",
-)
-# what the critic's update reads: old values and targets in its head's units
-CRITIC_TRAIN_KEYS = ("packed_input_ids", "old_values", "returns", "ppo_loss_mask")
-# the version of the policy an answer was sampled with (training steps behind it): generation
-# writes it and the actor's update reads it when the decoupled objective is on
-BEHAV_VERSION = "behav_version"
-
-
-def rollout_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
-    return ROLLOUT_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ())
-
-
-def actor_train_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
-    return ACTOR_TRAIN_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ())
 
 
 def stamp_version(out: SequenceSample, version: int) -> None:

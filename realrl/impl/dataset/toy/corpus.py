@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 
 from realrl.api.core.model_api import register_reward_fn
+from realrl.impl.dataset.dschat.split import phase_indices
 from realrl.impl.dataset.toy.vocab import PERIOD, SEPARATOR, ToyVocab
 from realrl.impl.interface.rule_reward import word_sentiment_reward
 
@@ -102,8 +103,6 @@ def build_toy_task(out_dir: str, cfg: ToyTaskConfig | None = None) -> dict:
     Layout: ``tokenizer/``, ``{sft,rm,ppo}/{train,valid}.jsonl``, ``manifest.json``.
     Returns the manifest (paths, counts, the reward of generator samples).
     """
-    from realrl.impl.dataset.dschat import phase_indices
-
     cfg = cfg or ToyTaskConfig()
     manifest_path = os.path.join(out_dir, "manifest.json")
     if os.path.exists(manifest_path):

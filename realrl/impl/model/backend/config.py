@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from realrl.api.core.dtype_names import to_torch
+
+if TYPE_CHECKING:
+    import torch
 
 SCHEDULER_TYPES = ("constant", "linear", "cosine")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# option value -> dtype name: this module is a config the master builds, so it imports no torch
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# attention implementations a model may ask for (realrl.impl.model.modules.attention runs them)
+ATTN_IMPLS = ("auto", "flash_attn", "torch_varlen", "cpu_varlen", "sdpa")
 
 
 @dataclasses.dataclass
@@ -85,9 +91,10 @@ class EngineConfig:
             )
 
     def resolve_dtype(self, device: torch.device | str) -> torch.dtype:
+        """The engine's dtype on ``device`` ("auto": bf16 on CUDA, fp32 elsewhere); engines call it."""
         if self.dtype != "auto":
-            return DTYPES[self.dtype]
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+            return to_torch(DTYPES[self.dtype])
+        return to_torch("bfloat16" if str(device).startswith("cuda") else "float32")
 
 
 def coerce(cls: type, value: Any, what: str) -> Any:

@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from realrl.impl.model import kernels
-
-ATTN_IMPLS = ("auto", "flash_attn", "torch_varlen", "cpu_varlen", "sdpa")
+from realrl.impl.model.backend.config import ATTN_IMPLS
 
 
 @dataclasses.dataclass

@@ -24,7 +24,8 @@ summed per-token KL reward (verl's ``token_level_rewards.sum(-1)``). A group is 
 ``group_sizes[g]`` answers of one prompt. A group of one has no baseline: its answers get
 advantage 0 (verl instead uses mean 0 / std 1 for a singleton, which passes the raw outcome on).
 
-Registering a new estimator (plain call; the registry rejects duplicate names)::
+The registry (names and needs, built-in entries by reference) is ``rl_registry``, which imports no
+torch. Registering a new estimator (plain call; the registry rejects duplicate names)::
 
     def my_estimator(inp: AdvantageInputs) -> tuple[Tensor, Tensor]: ...
     register_adv_estimator("mine", my_estimator, needs_critic=False)
@@ -33,13 +34,17 @@ Registering a new estimator (plain call; the registry rejects duplicate names)::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from realrl.base.registry import Registry
 from realrl.impl.model.utils import ppo_functional as F
+from realrl.impl.model.utils.rl_registry import (  # noqa: F401  (re-exported: the registry's API)
+    AdvantageEstimator,
+    adv_estimator_names,
+    get_adv_estimator,
+    register_adv_estimator,
+)
 
 
 @dataclasses.dataclass
@@ -62,53 +67,6 @@ class AdvantageInputs:
     gae_lambda: float = 1.0
     scale_by_std: bool = True  # GRPO's std division (False = Dr. GRPO)
     reward_whiten: bool = False  # GAE: whiten token rewards without the mean shift first
-
-
-@dataclasses.dataclass(frozen=True)
-class AdvantageEstimator:
-    """A registered estimator and what its caller must provide.
-
-    ``fn(inputs) -> (advantages [T - N], returns [T - N])``, zero off the mask.
-    ``needs_critic``: reads ``values`` / ``bootstrap``; ``needs_baseline``: reads
-    ``baseline_scores`` (a greedy rollout's score); ``kl_in_reward``: a KL penalty in the reward
-    (kl_ctl > 0) is meaningful (False for GRPO, which puts the KL in the loss instead).
-    """
-
-    name: str
-    fn: Callable[[AdvantageInputs], tuple[Tensor, Tensor]]
-    needs_critic: bool = False
-    needs_baseline: bool = False
-    kl_in_reward: bool = True
-
-    def __call__(self, inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-        return self.fn(inputs)
-
-
-_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
-
-
-def register_adv_estimator(
-    name: str,
-    fn: Callable[[AdvantageInputs], tuple[Tensor, Tensor]],
-    *,
-    needs_critic: bool = False,
-    needs_baseline: bool = False,
-    kl_in_reward: bool = True,
-) -> AdvantageEstimator:
-    """Register ``fn`` under ``name`` (a plain call, not a decorator); returns the entry."""
-    if not callable(fn):
-        raise TypeError(f"advantage estimator {name!r} must be callable, got {fn!r}")
-    est = AdvantageEstimator(name, fn, needs_critic, needs_baseline, kl_in_reward)
-    return _ESTIMATORS.register(name, est)
-
-
-def get_adv_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered as ``name``; an unknown name's error lists the registered ones."""
-    return _ESTIMATORS.get(name)
-
-
-def adv_estimator_names() -> list[str]:
-    return _ESTIMATORS.names()
 
 
 # ----------------------------------------------------------------------------- segment helpers
@@ -312,11 +270,3 @@ def remax_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     returns = packed_discounted_returns(rewards, lay.short_cu, 1.0) * lay.mask
     baseline = inp.baseline_scores.float().to(returns.device)
     return returns - _broadcast(baseline, lay), returns
-
-
-register_adv_estimator("gae", gae_advantages, needs_critic=True)
-register_adv_estimator("grpo", grpo_advantages, kl_in_reward=False)
-register_adv_estimator("rloo", rloo_advantages)
-register_adv_estimator("reinforce_pp", reinforce_pp_advantages)
-register_adv_estimator("reinforce_pp_baseline", reinforce_pp_baseline_advantages)
-register_adv_estimator("remax", remax_advantages, needs_baseline=True)

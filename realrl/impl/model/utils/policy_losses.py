@@ -15,72 +15,38 @@ a scalar in one of ``AGGREGATIONS``.
   gspo  "Group Sequence Policy Optimization" (Zheng et al. 2025); verl's
         ``compute_policy_loss_gspo``.
 
-Registering a new loss (plain call; the registry rejects duplicate names)::
+The registry (names; built-in entries by reference) and ``PolicyLossConfig`` are in
+``rl_registry``, which imports no torch. Registering a new loss (plain call; the registry rejects
+duplicate names)::
 
     register_policy_loss("mine", my_loss)
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from realrl.base.registry import Registry
 from realrl.impl.model.utils.advantages import sequence_ids
 from realrl.impl.model.utils.ppo_functional import masked_mean
+from realrl.impl.model.utils.rl_registry import (  # noqa: F401  (re-exported: the registry's API)
+    AGGREGATIONS,
+    PolicyLossConfig,
+    get_policy_loss,
+    policy_loss_names,
+    register_policy_loss,
+)
 
 # verl's bounds on the log importance ratio before ``exp`` (no overflow to inf, no NaN gradients)
 PPO_LOG_RATIO_BOUND = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
 
 
-@dataclasses.dataclass
-class PolicyLossConfig:
-    """Clip range [1 - eps_clip_low, 1 + eps_clip_high] of the importance ratio.
-
-    ``eps_clip_high > eps_clip_low`` is DAPO's clip-higher (e.g. 0.2 / 0.28): a token whose
-    probability rises under a positive advantage may rise further before it stops learning.
-    ``dual_clip`` = c > 1 bounds the loss of a negative-advantage token by -A * c however large
-    its ratio grows (verl's ``clip_ratio_c``, typically 3).
-    """
-
-    eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.2
-    dual_clip: float | None = None
-
-    def __post_init__(self):
-        if not 0 <= self.eps_clip_low < 1:
-            raise ValueError(f"eps_clip_low must be in [0, 1), got {self.eps_clip_low}")
-        if self.eps_clip_high < 0:
-            raise ValueError(f"eps_clip_high must be >= 0, got {self.eps_clip_high}")
-        if self.dual_clip is not None and not self.dual_clip > 1:
-            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
-
-
 PolicyLossFn = Callable[
     [Tensor, Tensor, Tensor, Tensor, Tensor, PolicyLossConfig], tuple[Tensor, dict[str, Tensor]]
 ]
-
-_POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
-
-
-def register_policy_loss(name: str, fn: PolicyLossFn) -> PolicyLossFn:
-    """Register ``fn`` under ``name`` (a plain call, not a decorator); returns ``fn``."""
-    if not callable(fn):
-        raise TypeError(f"policy loss {name!r} must be callable, got {fn!r}")
-    return _POLICY_LOSSES.register(name, fn)
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The loss registered as ``name``; an unknown name's error lists the registered ones."""
-    return _POLICY_LOSSES.get(name)
-
-
-def policy_loss_names() -> list[str]:
-    return _POLICY_LOSSES.names()
 
 
 # ----------------------------------------------------------------------------- losses
@@ -171,8 +137,6 @@ def gspo_policy_loss(
     return clipped_surrogate(ratio, log_ratio, advantages, mask, cfg)
 
 
-register_policy_loss("ppo", ppo_policy_loss)
-register_policy_loss("gspo", gspo_policy_loss)
 
 
 def behaviour_weights(
@@ -200,7 +164,6 @@ def behaviour_weights(
 
 # ----------------------------------------------------------------------------- aggregation
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def _check_mode(mode: str, norm_const: float | None) -> None:

@@ -1,0 +1,46 @@
+"""The key lists of the PPO-family graphs, defined once: which keys each call reads and writes.
+
+The experiments build their graphs from these (in the master, which imports no torch) and the
+interfaces check their inputs against them (in the workers), so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from realrl.impl.interface.ppo_config import PPOHyperparameters
+
+# what generation writes
+ROLLOUT_KEYS = ("packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eos_mask")
+# what the advantage computation reads besides the critic's values (and ReMax's baseline)
+ADVANTAGE_INPUTS = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards")
+# what the actor's update reads: old and reference log-probs, and the advantages
+ACTOR_TRAIN_KEYS = (
+    "packed_input_ids",
+    "packed_logprobs",
+    "packed_ref_logprobs",
+    "advantages",
+    "ppo_loss_mask",
+)
+# what the critic's update reads: old values and targets in its head's units
+CRITIC_TRAIN_KEYS = ("packed_input_ids", "old_values", "returns", "ppo_loss_mask")
+# the version of the policy an answer was sampled with (training steps behind it): generation
+# writes it and the actor's update reads it when the decoupled objective is on
+BEHAV_VERSION = "behav_version"
+
+
+def rollout_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
+    return ROLLOUT_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ())
+
+
+def actor_train_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
+    return ACTOR_TRAIN_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ())
+
+
+def advantage_outputs(hp: PPOHyperparameters) -> tuple[str, ...]:
+    """What ``compute_adv`` writes: the critic's targets and old values only with a critic."""
+    base = ("advantages", "ppo_loss_mask", "kl_rewards")
+    return base + (("returns", "old_values") if hp.uses_critic else ())
+
+
+def advantage_inputs(hp: PPOHyperparameters) -> tuple[str, ...]:
+    extra = ("values",) if hp.uses_critic else ()
+    return ADVANTAGE_INPUTS + extra + (("baseline_rewards",) if hp.estimator.needs_baseline else ())
