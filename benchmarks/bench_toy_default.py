@@ -53,9 +53,41 @@ def run_default(seed: int, fileroot: str, extra: list[str]) -> dict:
     wall = time.time() - start
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed} failed (exit {proc.returncode}); see {log_path}")
-    with open(os.path.join(fileroot, "ppo", f"toy-seed{seed}", "summary.json")) as f:
+    run_dir = os.path.join(fileroot, "ppo", f"toy-seed{seed}")
+    with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
-    return {"seed": seed, "wall_s": wall, "peak_rss_gb": peak / 2**30, **summary}
+    return {"seed": seed, "wall_s": wall, "peak_rss_gb": peak / 2**30, **summary, **ppo_step_times(run_dir)}
+
+
+def ppo_step_times(run_dir: str) -> dict:
+    """The PPO phase's mean step time and each call's mean time per step (the steps after the
+    first, which pays for first-use costs), from its ``stats.jsonl``."""
+    with open(os.path.join(run_dir, "stats.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if "timing" in r]
+    later = rows[1:] or rows
+    step = [(b["time"] - a["time"]) for a, b in zip(rows, rows[1:])]
+    calls = {k: sum(r["timing"][k] for r in later) / len(later) for k in later[0]["timing"]}
+    return {"ppo_step_s": sum(step) / max(len(step), 1), "ppo_call_s": calls}
+
+
+def time_table(rows: list[dict]) -> str:
+    """Where the main job's time goes: before the first phase (the command line's start-up and the
+    task's data), each phase (its workers' start-up, setup and steps), the evaluation, the plots;
+    then the PPO phase's step and each call's share of it."""
+    phases = list(rows[0]["phase_seconds"])
+    lines = ["| seed | before the first phase | " + " | ".join(phases) + " | wall |"]
+    lines.append("|---" * (len(phases) + 3) + "|")
+    for r in rows:
+        before = r["wall_s"] - sum(r["phase_seconds"].values())
+        cells = " | ".join(f"{r['phase_seconds'][p]:.1f} s" for p in phases)
+        lines.append(f"| {r['seed']} | {before:.1f} s | {cells} | {r['wall_s']:.1f} s |")
+    calls = list(rows[0]["ppo_call_s"])
+    lines += ["", "| seed | PPO step | " + " | ".join(calls) + " |", "|---" * (len(calls) + 2) + "|"]
+    for r in rows:
+        cells = " | ".join(f"{r['ppo_call_s'][c] * 1000:.0f} ms" for c in calls)
+        lines.append(f"| {r['seed']} | {r['ppo_step_s'] * 1000:.0f} ms | {cells} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
             f"| {r['true_reward_mean']:.2f} ± {r['true_reward_std']:.2f} | {r['gain_in_sft_std']:.2f} | {r['kl']:.2f} "
             f"| {r['wall_s'] / 60:.1f} min | {r['peak_rss_gb']:.2f} GB |"
         )
+    print("\n" + time_table(rows))
 
 
 if __name__ == "__main__":

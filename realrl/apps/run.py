@@ -209,18 +209,25 @@ def run_quickstart(
     """Every phase checked first (``plan_phases``, unless ``phases`` is its answer already), then
     run; the summary of the last one, ``cfg``'s own."""
     start = time.time()
+    seconds: dict[str, float] = {}  # where the time went, phase by phase (summary.json)
     *before, phase = phases or plan_phases(name, cfg)
     for pre in before:
         logger.info("running the %s phase first (no checkpoint under %s)", pre.name, pre.config.run_dir)
+        t = time.time()
         run_one(pre.config, standby, warm_next=True, exp=pre.experiment)
+        seconds[pre.name] = round(time.time() - t, 2)
+    t = time.time()
     records = run_one(cfg, standby, exp=phase.experiment)
+    seconds[name] = round(time.time() - t, 2)
     run_dir = cfg.run_dir
     stats_path = os.path.join(run_dir, "stats.jsonl")
+    t = time.time()
     plots = (
         stats.plot_curves(stats_path, os.path.join(run_dir, "plots"), curves_of(type(cfg)))
         if os.path.exists(stats_path)
         else []
     )
+    seconds["plots"] = round(time.time() - t, 2)
     summary: dict = {"experiment": name, "steps": len(records)}
     if records:
         summary.update({k: v for k, v in records[-1].items() if "/" in k and isinstance(v, float)})
@@ -230,11 +237,14 @@ def run_quickstart(
         summary[SAMPLES_KEY] = last_samples
     recipe = get_task(cfg.task).recipe(name) if cfg.task else None
     if recipe is not None and recipe.summarize is not None:
+        t = time.time()
         try:  # in a process of its own: it loads models, and this one imports no torch
             summary.update(summarize_in_child(name, cfg, run_dir, SUMMARY_TIMEOUT_S))
         except RuntimeError as e:
             raise ExperimentFailedError(f"{name}: the run finished, but {e}") from e
+        seconds["evaluation"] = round(time.time() - t, 2)
     summary["wall_seconds"] = round(time.time() - start, 1)
+    summary["phase_seconds"] = seconds
     stats.write_summary(run_dir, summary)
     logger.info(
         "outputs under %s (stats.jsonl, plots: %s, summary.json)",

@@ -161,7 +161,10 @@ def format_table(summary: Mapping[str, object]) -> str:
             lines.append(k)
             lines += [f"  {_example(x)}" for x in v]
             continue
-        text = f"{v:.4g}" if isinstance(v, float) else str(v)
+        if isinstance(v, Mapping):  # e.g. phase_seconds: "sft 11.2, rw 13.0, ..."
+            text = ", ".join(f"{name} {_plain(x)}" for name, x in v.items())
+        else:
+            text = f"{v:.4g}" if isinstance(v, float) else str(v)
         lines.append(f"{k.ljust(width)}  {text}")
     return "\n".join(lines)
 

@@ -62,5 +62,3 @@ def plan_transfers(
                 )
             )
     return pieces
-
-

@@ -94,7 +94,9 @@ def test_building_and_validating_every_experiment_imports_no_torch(tmp_path):
     assert {"ppo", "grpo", "sft", "rw", "dpo"} <= set(built)
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["ppo", "--help"], ["ppo", "--cfg", "job"], ["grpo", "--cfg", "job"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["ppo", "--help"], ["ppo", "--cfg", "job"], ["grpo", "--cfg", "job"]]
+)
 def test_command_line_help_and_cfg_job_import_no_torch(tmp_path, argv):
     out = check(
         run_lean(

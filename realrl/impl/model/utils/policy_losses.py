@@ -137,8 +137,6 @@ def gspo_policy_loss(
     return clipped_surrogate(ratio, log_ratio, advantages, mask, cfg)
 
 
-
-
 def behaviour_weights(
     prox_logprobs: Tensor, behav_logprobs: Tensor, loss_mask: Tensor, cap: float | None
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -163,7 +161,6 @@ def behaviour_weights(
 
 
 # ----------------------------------------------------------------------------- aggregation
-
 
 
 def _check_mode(mode: str, norm_const: float | None) -> None:
