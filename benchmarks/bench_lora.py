@@ -20,8 +20,6 @@ reference and the RL phase's wall time (the SFT and reward phases run once per s
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import os
 import statistics
@@ -32,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 from _smoke import SHORT_RUN, parse_args
+from _step_memory import step_peak_rss
 
 SIDES = ("full", "lora")
 
@@ -127,29 +126,14 @@ def realloc_bytes(args) -> dict[str, int]:
     }
 
 
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def measure_rss(side: str, args) -> dict:
-    """In a fresh process: peak RSS of a training step after a warm-up step (the peak reset by
-    writing 5 to /proc/self/clear_refs, freed heap handed back first). Both sides import peft
-    first, so the libraries loaded are the same."""
+    """In a fresh process: peak RSS of a training step after a warm-up step
+    (``_step_memory.step_peak_rss``). Both sides import peft first, so the libraries loaded are
+    the same."""
     import peft  # noqa: F401
 
     step, engine = trainer(side, args)
-    step(0)
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _status_mb("VmRSS")
-    step(1)
-    return {"rss_before": before, "peak_rss": _status_mb("VmHWM")}
+    return step_peak_rss(lambda: step(0), lambda: step(1))
 
 
 def part_engine(args) -> dict:

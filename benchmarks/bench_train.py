@@ -18,8 +18,6 @@ after a warm-up step.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import subprocess
 import sys
@@ -29,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 from _smoke import parse_args
+from _step_memory import step_peak_rss
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 2048, 128, 2, 4, 2, 344
 LR, BETAS, EPS, CLIP = 1e-4, (0.9, 0.95), 1e-5, 1.0
@@ -124,30 +123,11 @@ def hf_trainer(ckpt: str, args) -> Callable[[list[torch.Tensor], int], float]:
 TRAINERS = {"realrl": real_trainer, "hf": hf_trainer}
 
 
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def measure_rss(side: str, ckpt: str, args) -> dict:
-    """In a fresh process: the RSS before a training step and the peak RSS during it.
-
-    A warm-up step runs first (first-call set-up is not training memory); then freed heap is
-    handed back to the OS (glibc ``malloc_trim``) and the peak (VmHWM) is reset by writing 5 to
-    /proc/self/clear_refs, so the peak counts what the step itself allocates.
-    """
+    """In a fresh process: the RSS before a training step and the peak RSS during it, after a
+    warm-up step (``_step_memory.step_peak_rss``)."""
     step = TRAINERS[side](ckpt, args)
-    step(make_step_data(args, 0), 0)
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _status_mb("VmRSS")
-    step(make_step_data(args, 1), 1)
-    return {"rss_before": before, "peak_rss": _status_mb("VmHWM")}
+    return step_peak_rss(lambda: step(make_step_data(args, 0), 0), lambda: step(make_step_data(args, 1), 1))
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from realrl.apps.configs import build_config
 from realrl.apps.errors import UserError, data_error_message, one_line
 from realrl.apps.main import ExperimentFailedError, run_experiment
 from realrl.apps.preflight import check_paths
-from realrl.apps.summarize import summarize_in_child
+from realrl.apps.summarize import can_hand_over, summarize_in_child
 from realrl.base import logging, stats
 from realrl.experiments.tasks import get_task, has_checkpoint
 from realrl.system.standby import StandbyWorkers
@@ -238,10 +238,13 @@ def run_quickstart(
     recipe = get_task(cfg.task).recipe(name) if cfg.task else None
     if recipe is not None and recipe.summarize is not None:
         t = time.time()
-        try:  # in a process of its own: it loads models, and this one imports no torch
-            summary.update(summarize_in_child(name, cfg, run_dir, SUMMARY_TIMEOUT_S))
-        except RuntimeError as e:
-            raise ExperimentFailedError(f"{name}: the run finished, but {e}") from e
+        if can_hand_over(cfg):  # in a process of its own: it loads models, and this one imports no torch
+            try:
+                summary.update(summarize_in_child(name, cfg, run_dir, SUMMARY_TIMEOUT_S))
+            except RuntimeError as e:
+                raise ExperimentFailedError(f"{name}: the run finished, but {e}") from e
+        else:  # a config class of the user's script: only this process knows it
+            summary.update(recipe.summarize(cfg))
         seconds["evaluation"] = round(time.time() - t, 2)
     summary["wall_seconds"] = round(time.time() - start, 1)
     summary["phase_seconds"] = seconds

@@ -22,23 +22,48 @@ FIGURES = "summary_figures.json"
 LOG = "summary.log"
 
 
+def can_hand_over(cfg: Any) -> bool:
+    """Whether a child process can rebuild ``cfg``: its class is realrl's or in a module it can
+    import (not a script's ``__main__``)."""
+    return type(cfg).__module__ != "__main__"
+
+
+def _import_root(module: str) -> str:
+    """The folder from which ``module`` (loaded in this process) imports under its name."""
+    file = os.path.abspath(sys.modules[module].__file__)
+    depth = module.count(".") + 1 + (os.path.basename(file) == "__init__.py")
+    for _ in range(depth):
+        file = os.path.dirname(file)
+    return file
+
+
 def summarize_in_child(experiment: str, cfg: Any, run_dir: str, timeout_s: float) -> dict[str, Any]:
-    """The figures of ``cfg``'s task recipe for ``experiment``, computed in a child process (its
-    output in ``<run_dir>/logs/summary.log``); ``RuntimeError`` naming the log when it fails or
-    runs past ``timeout_s``."""
+    """The figures of the task recipe of ``experiment`` (one with a recipe of ``cfg.task``) for
+    ``cfg``, computed in a child process (its output in ``<run_dir>/logs/summary.log``);
+    ``RuntimeError`` naming the log when it fails or runs past ``timeout_s``.
+
+    The child imports the plugins ``cfg`` names and, for a user's config class registered some
+    other way (a script importing its module), that module too, on this process's import path."""
+    module = type(cfg).__module__
+    plugins, path = list(cfg.import_modules), [p for p in sys.path if p]
+    if module.split(".")[0] != "realrl":
+        plugins.append(module)
+        path.insert(0, _import_root(module))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     request, figures = os.path.join(run_dir, REQUEST), os.path.join(run_dir, FIGURES)
     log_path = os.path.join(run_dir, "logs", LOG)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     for path in (request, figures):
         if os.path.lexists(path):
             os.unlink(path)
-    text = config_json.dumps({"experiment": experiment, "config": cfg}, plugin_modules=cfg.import_modules)
+    text = config_json.dumps({"experiment": experiment, "config": cfg}, plugin_modules=plugins)
     private_files.write_private(request, text.encode())
     with open(log_path, "w") as log:
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "realrl.apps.summarize", request, figures],
                 stdin=subprocess.DEVNULL,
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 timeout=timeout_s,

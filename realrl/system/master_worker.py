@@ -36,12 +36,10 @@ from realrl.system.protocol import (
 from realrl.system.request_reply_stream import MasterStream, WorkerLostError, wait_replies
 from realrl.system.schedule import Schedule
 from realrl.system.step_records import brief, record_call, record_idle, record_realloc, record_staleness
+from realrl.system.version_rule import VersionRule
 
 logger = logging.getLogger("master_worker")
 
-# steps in flight: the call running, the next one posted early (see _run_mfc), and two more
-# dataset batches fetched ahead, so the next batch is in the buffer before it is needed
-MAX_LIVE_STEPS = 4
 # asynchronous RL: the calls whose workers' idle time each step records (generation, training)
 IDLE_TIMED = (ModelInterfaceType.GENERATE, ModelInterfaceType.TRAIN_STEP)
 
@@ -88,6 +86,7 @@ class MasterWorker:
         self.progress = Progress([m.name for m in config.mfcs])
         self.calls = CallDispatcher(self.buffer, stream, config.timeouts.request)
         self.copies = CopyTracker(config)
+        self.versions = VersionRule(config)
         self.last_reply: dict[str, float] = {}  # MFC -> when its last call replied (idle times)
         self.records: dict[int, dict] = {}
         self.stats: list[dict] = []  # one finished record per step, in order
@@ -261,7 +260,9 @@ class MasterWorker:
 
         async def post_fetches() -> None:
             for step in range(self.start_step, self.total_steps):
-                await self.progress.wait_for(lambda s=step: s - self.progress.steps_done < self.live_steps)
+                await self.progress.wait_for(
+                    lambda s=step: s - self.progress.steps_done < self.versions.live_steps
+                )
                 epoch, index = divmod(step, self.steps_per_epoch)
                 futures = {
                     w: self.stream.post(
@@ -293,7 +294,7 @@ class MasterWorker:
         checkpoint, which must see the model between the two steps, and never while waiting:
         before any wait, the pending call is finished (its outputs may be what is waited for)."""
         cfg = self.config
-        trains = self._training_calls_of(mfc)
+        trains = self.versions.training_calls_of(mfc)
         replicas = cfg.call_placement(mfc.name).replicas()
         pending: tuple[int, PostedCall] | None = None
         clears: list[dict] = []
@@ -305,7 +306,9 @@ class MasterWorker:
                 await self._finish(mfc, *pending, clears)
                 pending = None
             if ids is None:
-                await self.progress.wait_for(lambda s=step: self._version_ready(mfc, s, trains))
+                await self.progress.wait_for(
+                    lambda s=step: self.versions.ready(mfc, s, trains, self.progress.calls_done)
+                )
                 ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
             copy = self.copies.plan(mfc, step)
             posted = self.calls.post(mfc, step, ids, replicas, copy)
@@ -320,31 +323,10 @@ class MasterWorker:
         for futures in clears:
             await wait_replies(futures, model_worker_name, "clear", cfg.timeouts.request)
 
-    def _version_ready(self, mfc: MFCDef, step: int, trains: list[str]) -> bool:
-        """The parameter-version rule: a non-training call at ``step`` follows every training call
-        of its model at ``step - 1``; under asynchronous RL a generate call only the one at
-        ``step - 1 - max_staleness`` (it may run that many steps ahead of training)."""
-        if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
-            return True
-        return all(self.progress.calls_done[t] >= step - self._lead(mfc) for t in trains)
-
-    def _lead(self, mfc: MFCDef) -> int:
-        """How many steps ``mfc`` may run ahead of its model's training: ``max_staleness`` for a
-        generate call under asynchronous RL, else 0."""
-        ahead = self.config.async_rl is not None and mfc.interface_type is ModelInterfaceType.GENERATE
-        return self.config.async_rl.max_staleness if ahead else 0
-
-    @property
-    def live_steps(self) -> int:
-        """Steps the loader fetches ahead of the last finished one: room for generation to run
-        ``max_staleness`` steps ahead, and the next batch in the buffer before it is needed."""
-        lead = self.config.async_rl.max_staleness if self.config.async_rl is not None else 0
-        return MAX_LIVE_STEPS + lead
-
     def _ready_inputs(self, mfc: MFCDef, step: int, trains: list[str]) -> list | None:
         """The ids of ``mfc``'s call at ``step`` if it could be posted now without waiting (the
         version rule holds and its inputs are in the buffer), else None."""
-        if not self._version_ready(mfc, step, trains):
+        if not self.versions.ready(mfc, step, trains, self.progress.calls_done):
             return None
         return self.buffer.take_ready(mfc.name, mfc.input_keys, mfc.n_seqs)
 
@@ -399,7 +381,9 @@ class MasterWorker:
         record_call(self.records[step], mfc, result)
         self.last_reply[mfc.name] = time.monotonic()
         if self.config.async_rl is not None and mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
-            record_staleness(self.records[step], step, self._sampled_versions(mfc, step))
+            record_staleness(
+                self.records[step], step, self.versions.sampled_versions(mfc, step, self.copies.versions_used)
+            )
         self.progress.calls_done[mfc.name] += 1
         self._maybe_finish_step(step)
         self.progress.notify()
@@ -411,14 +395,14 @@ class MasterWorker:
         cfg, mfcs = self.config, self.sampling
         owners = cfg.data_workers()
         counts = self._per_rank_counts(len(owners))
-        trains = {m.name: self._training_calls_of(m) for m in mfcs}
+        trains = {m.name: self.versions.training_calls_of(m) for m in mfcs}
         sampler = DynamicSampler(cfg, self.stream, self.calls.tags, self.copies, self._prompt_batches_done())
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
             await self.progress.wait_for(
                 lambda s=step: (
-                    s - self.progress.steps_done < self.live_steps
-                    and all(self._version_ready(m, s, trains[m.name]) for m in mfcs)
+                    s - self.progress.steps_done < self.versions.live_steps
+                    and all(self.versions.ready(m, s, trains[m.name], self.progress.calls_done) for m in mfcs)
                 )
             )
             sampled = await sampler.sample(step, self.steps_per_epoch, owners, counts)
@@ -462,23 +446,6 @@ class MasterWorker:
             last = json.loads(lines[-1]) if lines else None
         done = (last or {}).get("dynamic_sampling/prompt_batches")
         return int(done) if done is not None else self.start_step
-
-    def _sampled_versions(self, train: MFCDef, step: int) -> list[int]:
-        """The versions of ``train``'s model that the generate calls of ``step`` sampled from."""
-        return [
-            v
-            for m in self.config.mfcs
-            if m.role == train.role and m.interface_type is ModelInterfaceType.GENERATE
-            if (v := self.copies.versions_used.get((m.name, step))) is not None
-        ]
-
-    def _training_calls_of(self, mfc: MFCDef) -> list[str]:
-        """The other training calls of ``mfc``'s model (the parameter-version rule waits on them)."""
-        return [
-            m.name
-            for m in self.config.mfcs
-            if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
-        ]
 
     async def _evaluate(self, mfc: MFCDef, step: int) -> None:
         """Evaluate ``mfc``'s model on every dp rank's shard; the mean goes into this step's record."""

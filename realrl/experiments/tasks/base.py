@@ -44,13 +44,18 @@ class EmbeddedTask:
     def recipe(self, experiment: str) -> Recipe:
         """The recipe of ``experiment``, else of the nearest experiment its config class extends
         (a user's ``my-ppo`` subclassing the PPO config runs on PPO's recipe)."""
+        return self.recipes[self.recipe_experiment(experiment)]
+
+    def recipe_experiment(self, experiment: str) -> str:
+        """The experiment whose recipe ``experiment`` runs on: itself, or the nearest one its
+        config class extends."""
         if experiment in self.recipes:
-            return self.recipes[experiment]
+            return experiment
         by_class = {get_quickstart_exp(n): n for n in quickstart_experiments() if n in self.recipes}
         if experiment in quickstart_experiments():
             for base in get_quickstart_exp(experiment).__mro__[1:]:
                 if base in by_class:
-                    return self.recipes[by_class[base]]
+                    return by_class[base]
         raise ValueError(
             f"task={self.name!r} has no recipe for the {experiment!r} experiment; it runs "
             f"{sorted(self.recipes)} (give dataset paths to run {experiment!r} on your own data)"

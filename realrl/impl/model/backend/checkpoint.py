@@ -125,10 +125,11 @@ def _load_adapters(module: torch.nn.Module, path: str) -> None:
     check_file(file)
     with safetensors.safe_open(file, "pt") as f:
         saved = (f.metadata() or {}).get("base_fingerprint")
-    if saved != _base_fingerprint(module):
+    mine = _base_fingerprint(module)
+    if saved != mine:
         raise CheckpointError(
             f"{file}: the adapters were trained on other base weights (fingerprint {saved}, this model's "
-            f"{_base_fingerprint(module)}); resume with the model path and seed the run was saved with"
+            f"{mine}); resume with the model path and seed the run was saved with"
         )
     trained = {n for n, p in own_named_parameters(module) if p.requires_grad}
     loaded = safetensors.torch.load_file(file, device=str(next(module.parameters()).device))

@@ -1,0 +1,62 @@
+"""The master's parameter-version rule, and the bound asynchronous RL relaxes it to.
+
+A call that reads a model's weights at step k waits for every training call of that model at
+step k - 1, so it sees the weights of k training steps. Under asynchronous RL
+(``ExperimentConfig.async_rl``) a generate call waits only for step k - 1 - max_staleness: it runs
+up to ``max_staleness`` steps ahead, and the loader fetches that many more batches ahead. The
+master asks this object; it holds no state of the run.
+"""
+
+from __future__ import annotations
+
+from realrl.api.core.dfg import MFCDef, ModelInterfaceType
+from realrl.api.core.system_api import ExperimentConfig
+
+# steps in flight: the call running, the next one posted early (the master's _run_mfc), and two
+# more dataset batches fetched ahead, so the next batch is in the buffer before it is needed
+MAX_LIVE_STEPS = 4
+
+
+class VersionRule:
+    def __init__(self, config: ExperimentConfig):
+        self.config = config
+        self.max_staleness = config.async_rl.max_staleness if config.async_rl is not None else 0
+
+    def lead(self, mfc: MFCDef) -> int:
+        """How many steps ``mfc`` may run ahead of its model's training: ``max_staleness`` for a
+        generate call under asynchronous RL, else 0."""
+        return self.max_staleness if mfc.interface_type is ModelInterfaceType.GENERATE else 0
+
+    @property
+    def live_steps(self) -> int:
+        """Steps the loader fetches ahead of the last finished one: room for generation to run
+        ``max_staleness`` steps ahead, and the next batch in the buffer before it is needed."""
+        return MAX_LIVE_STEPS + self.max_staleness
+
+    def training_calls_of(self, mfc: MFCDef) -> list[str]:
+        """The other training calls of ``mfc``'s model (the rule waits on them)."""
+        return [
+            m.name
+            for m in self.config.mfcs
+            if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
+        ]
+
+    def ready(self, mfc: MFCDef, step: int, trains: list[str], calls_done: dict[str, int]) -> bool:
+        """Whether ``mfc``'s call at ``step`` may read its model's weights now: a training call
+        always may; another waits for ``trains`` (``training_calls_of(mfc)``) at ``step - 1 -
+        lead(mfc)``."""
+        if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
+            return True
+        return all(calls_done[t] >= step - self.lead(mfc) for t in trains)
+
+    def sampled_versions(
+        self, train: MFCDef, step: int, versions_used: dict[tuple[str, int], int]
+    ) -> list[int]:
+        """The versions of ``train``'s model that the generate calls of ``step`` sampled from
+        (``versions_used``: the copies' record, (call, step) -> version)."""
+        return [
+            v
+            for m in self.config.mfcs
+            if m.role == train.role and m.interface_type is ModelInterfaceType.GENERATE
+            if (v := versions_used.get((m.name, step))) is not None
+        ]
