@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+import realrl.impl.builtin  # noqa: F401  (every implementation registered, as in a model worker)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

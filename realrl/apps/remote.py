@@ -23,16 +23,16 @@ from realrl.system.standby import STANDBY_FLAG, read_assignment
 
 
 def warm_up() -> None:
-    """Import what a worker imports before its first step: torch and realrl's implementations,
-    and transformers' tokenizer and config machinery (on transformers 5, reading any model's
-    config imports ~2 s of shared modules, the same for every model family)."""
+    """Import what a worker imports before its first step: torch, realrl's implementations and
+    worker, and transformers' tokenizer machinery (a worker reads and writes model configs
+    without transformers: ``realrl.api.from_hf._common.HFConfig``)."""
     import realrl.impl.builtin  # noqa: F401
-    import realrl.system.launcher  # noqa: F401
+    import realrl.system.model_worker  # noqa: F401
 
     try:
         import transformers
 
-        transformers.AutoTokenizer, transformers.AutoConfig, transformers.LlamaConfig  # noqa: B018
+        transformers.AutoTokenizer  # noqa: B018
     except Exception:  # noqa: BLE001 - only a warm-up: the worker imports what it needs itself
         pass
 

@@ -6,8 +6,8 @@ from dschat_fixtures import write_local_copy
 
 from realrl.api.core.data_api import DatasetUtility, SequenceSample
 from realrl.impl.dataset.dschat import get_raw_dataset, phase_indices
-from realrl.impl.dataset.dschat.phases import DataCollatorReward, DataCollatorRLHF, prepare_data
 from realrl.impl.dataset.dschat.dataset import DSChatDataset
+from realrl.impl.dataset.dschat.phases import DataCollatorReward, DataCollatorRLHF, prepare_data
 from realrl.impl.dataset.errors import DataError
 from realrl.impl.dataset.samples import pairs_of
 

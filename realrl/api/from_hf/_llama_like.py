@@ -7,12 +7,13 @@ parameter names, so one table maps them all; each family file owns its config tr
 from __future__ import annotations
 
 import re
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from realrl.api.core.model_api import ReaLModelConfig
-from realrl.api.from_hf._common import rope_from_hf, rope_to_hf, token_ids
+from realrl.api.from_hf._common import hf_config_dict, rope_from_hf, rope_to_hf, token_ids
+
+if TYPE_CHECKING:  # converters run in workers; reading configs needs no torch
+    import torch
 
 # (HF pattern, ReaL pattern); {i} is a layer index, {p} a parameter name (weight/bias)
 _TABLE = (
@@ -101,10 +102,8 @@ def config_from_hf(hf: Any, **fields: Any) -> ReaLModelConfig:
     return ReaLModelConfig(**base)
 
 
-def config_to_hf(cfg: ReaLModelConfig, model_type: str, **fields: Any) -> Any:
-    """A transformers config of ``model_type`` holding ``cfg``; ``fields`` are family-specific."""
-    import transformers
-
+def config_to_hf(cfg: ReaLModelConfig, model_type: str, architecture: str, **fields: Any) -> dict[str, Any]:
+    """The ``config.json`` of ``model_type`` holding ``cfg``; ``fields`` are family-specific."""
     kwargs = dict(
         num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_q_heads,
@@ -124,7 +123,7 @@ def config_to_hf(cfg: ReaLModelConfig, model_type: str, **fields: Any) -> Any:
         pad_token_id=cfg.pad_token_id,
     )
     kwargs.update(fields)
-    return transformers.AutoConfig.for_model(model_type, **kwargs)
+    return hf_config_dict(model_type, architecture, **kwargs)
 
 
 def check_llama_shape(cfg: ReaLModelConfig, family: str) -> None:

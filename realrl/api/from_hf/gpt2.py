@@ -7,12 +7,13 @@ HF stores GPT-2's linear layers as ``Conv1D`` (weight [in, out]); ReaLModel uses
 from __future__ import annotations
 
 import re
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
 from realrl.api.from_hf import _common
+
+if TYPE_CHECKING:  # converters run in workers; reading configs needs no torch
+    import torch
 
 _IGNORED_HF = re.compile(r".*\.attn\.(bias|masked_bias)$")
 _PLAIN = {  # HF suffix -> ReaL suffix, same tensor layout
@@ -93,12 +94,32 @@ def sd_to_hf(sd: dict[str, torch.Tensor], cfg: ReaLModelConfig) -> dict[str, tor
     for (p, kind), parts in qkv.items():
         if set(parts) != set("qkv"):
             raise KeyError(f"gpt2 sd_to_hf: {p}attn needs q, k and v {kind} together, got {sorted(parts)}")
+        import torch  # converting tensors: in a worker, where torch is loaded
+
         fused = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
         out[f"{p}attn.c_attn.{kind}"] = fused.t().contiguous() if kind == "weight" else fused
     return out
 
 
+# transformers' GPT2Config defaults for what config_from_hf reads
+DEFAULTS = {
+    "n_inner": None,
+    "n_positions": 1024,
+    "layer_norm_epsilon": 1e-5,
+    "activation_function": "gelu_new",
+    "embd_pdrop": 0.1,
+    "attn_pdrop": 0.1,
+    "resid_pdrop": 0.1,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+    "pad_token_id": None,
+}
+
+
 def config_from_hf(hf: Any) -> ReaLModelConfig:
+    hf = _common.HFConfig(hf, DEFAULTS)
     if getattr(hf, "scale_attn_by_inverse_layer_idx", False) or not getattr(hf, "scale_attn_weights", True):
         raise ValueError(
             "gpt2: scale_attn_by_inverse_layer_idx=True / scale_attn_weights=False are not supported"
@@ -129,9 +150,7 @@ def config_from_hf(hf: Any) -> ReaLModelConfig:
     )
 
 
-def config_to_hf(cfg: ReaLModelConfig) -> Any:
-    import transformers
-
+def config_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
     shape_ok = (
         cfg.layer_norm_type == "layer"
         and cfg.mlp_type == "plain"
@@ -150,7 +169,9 @@ def config_to_hf(cfg: ReaLModelConfig) -> Any:
         raise ValueError(
             f"gpt2: config is not GPT-2 shaped (LayerNorm, plain MLP, biases, tied, abs positions): {cfg}"
         )
-    return transformers.GPT2Config(
+    return _common.hf_config_dict(
+        "gpt2",
+        "GPT2LMHeadModel",
         n_layer=cfg.n_layers,
         n_head=cfg.n_q_heads,
         n_embd=cfg.hidden_dim,

@@ -8,8 +8,20 @@ from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
 from realrl.api.from_hf import _common, _llama_like
 from realrl.api.from_hf._sliding import uniform_sliding_window
 
+# transformers' Qwen2Config defaults for what config_from_hf reads
+DEFAULTS = {
+    **_common.LLAMA_LIKE_DEFAULTS,
+    "num_key_value_heads": 32,
+    "max_position_embeddings": 32768,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+    "max_window_layers": 28,
+    "layer_types": None,
+}
+
 
 def config_from_hf(hf: Any) -> ReaLModelConfig:
+    hf = _common.HFConfig(hf, DEFAULTS)
     return _llama_like.config_from_hf(
         hf,
         use_attention_bias=True,
@@ -19,13 +31,13 @@ def config_from_hf(hf: Any) -> ReaLModelConfig:
     )
 
 
-def config_to_hf(cfg: ReaLModelConfig) -> Any:
+def config_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
     _llama_like.check_llama_shape(cfg, "qwen2")
     if not cfg.use_attention_bias or cfg.use_attn_proj_bias or cfg.use_mlp_bias or cfg.qk_layernorm:
         raise ValueError("qwen2: needs q/k/v biases and no o/MLP biases or q/k layernorm")
     window = dict(use_sliding_window=True, sliding_window=cfg.sliding_window, max_window_layers=0)
     return _llama_like.config_to_hf(
-        cfg, "qwen2", **(window if cfg.sliding_window else dict(use_sliding_window=False))
+        cfg, "qwen2", "Qwen2ForCausalLM", **(window if cfg.sliding_window else dict(use_sliding_window=False))
     )
 
 

@@ -24,6 +24,7 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -112,16 +113,17 @@ def model_config(spec: ModelSpec, fallback: Mapping[str, Any] | None = None) -> 
 
 
 def _config_from_folder(path: str) -> ReaLModelConfig:
-    """As ``hf_io.load_pretrained`` reads it (config.json only: no weights needed)."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    """As ``hf_io.load_pretrained`` reads it (config.json only, by its family: no weights, no
+    transformers)."""
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
         raise ValueError(f"model path {path!r} has no config.json (a Hugging Face model folder is needed)")
-    import transformers
-
     import realrl.api.from_hf  # noqa: F401  (registers the families)
     from realrl.api.core.model_api import hf_family_for_model_type
 
-    hf = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    return hf_family_for_model_type(hf.model_type).config_from_hf(hf)
+    with open(file) as f:
+        raw = json.load(f)
+    return hf_family_for_model_type(raw.get("model_type", "")).config_from_hf(raw)
 
 
 def param_counts(cfg: ReaLModelConfig, tp: int, pp: int = 1) -> tuple[int, int]:

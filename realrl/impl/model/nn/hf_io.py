@@ -12,11 +12,13 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 import realrl.api.from_hf  # noqa: F401  (registers the families)
+from realrl.api.core.dtype_names import dtype_name
 from realrl.api.core.model_api import HFFamily, ReaLModelConfig, get_hf_family, hf_family_for_model_type
 from realrl.base import logging
 from realrl.impl.model.nn import lora
@@ -127,8 +129,7 @@ _SAFETENSORS_DTYPES = {
 
 
 def _read_config(path: str, is_critic: bool) -> tuple[ReaLModelConfig, HFFamily, dict]:
-    import transformers
-
+    """The checkpoint's architecture from its config.json, read by its family (no transformers)."""
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
         raise FileNotFoundError(f"{path!r} is not a Hugging Face checkpoint folder (no config.json)")
@@ -136,9 +137,10 @@ def _read_config(path: str, is_critic: bool) -> tuple[ReaLModelConfig, HFFamily,
         raw = json.load(f)
     if CRITIC_MARKER in raw and not is_critic:
         raise ValueError(f"{path!r} holds a critic (scalar head); load it with is_critic=True")
-    hf_cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    family = hf_family_for_model_type(hf_cfg.model_type)
-    cfg = family.config_from_hf(hf_cfg)
+    if "model_type" not in raw:
+        raise ValueError(f"{cfg_file} names no model_type")
+    family = hf_family_for_model_type(raw["model_type"])
+    cfg = family.config_from_hf(raw)
     cfg.is_critic = is_critic
     return cfg, family, raw
 
@@ -278,19 +280,25 @@ def _swap_into_place(tmp: str, save_dir: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _write_hf_config(hf_cfg: Any, folder: str, dtype: torch.dtype) -> None:
+    """``folder/config.json`` from what the family's ``config_to_hf`` gave: a dict (realrl's
+    families: written as it is, no transformers needed) or a transformers config (a plugin's)."""
+    if isinstance(hf_cfg, Mapping):
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump({**hf_cfg, "dtype": dtype_name(dtype)}, f, indent=2, sort_keys=True)
+        return
+    hf_cfg.dtype = dtype
+    hf_cfg.save_pretrained(folder)
+
+
 def save_pretrained(
     model, save_dir: str, tokenizer: Any = None, state_dict: dict[str, torch.Tensor] | None = None
 ) -> None:
-    import transformers
     from safetensors.torch import save_file
 
     cfg: ReaLModelConfig = model.config
     family = family_of(cfg)
     hf_cfg = family.config_to_hf(cfg)
-    arch = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(hf_cfg.model_type)
-    if arch:
-        hf_cfg.architectures = [arch]
-    hf_cfg.dtype = model.dtype
     source = model.state_dict() if state_dict is None else state_dict
     sd = {k: v.detach().cpu().contiguous() for k, v in source.items()}
     adapted = sd if model.lora is not None else None
@@ -304,7 +312,7 @@ def save_pretrained(
     tmp = f"{save_dir}.tmp-{uuid.uuid4().hex[:8]}"
     os.makedirs(tmp)
     try:
-        hf_cfg.save_pretrained(tmp)
+        _write_hf_config(hf_cfg, tmp, model.dtype)
         save_file(hf_sd, os.path.join(tmp, _WEIGHTS_FILE), metadata={"format": "pt"})
         if cfg.is_critic:
             save_file(head, os.path.join(tmp, CRITIC_HEAD_FILE), metadata={"format": "pt"})
