@@ -7,11 +7,14 @@ that refuses those packages: a module that imports one fails the check naming th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+import realrl
 
 HEAVY = ("torch", "transformers", "safetensors", "peft", "triton", "flash_attn", "pynvml", "nvidia")
 
@@ -34,8 +37,10 @@ REFUSE_HEAVY = textwrap.dedent(
 def run_lean(code: str, tmp_path) -> subprocess.CompletedProcess:
     script = tmp_path / "lean.py"
     script.write_text(REFUSE_HEAVY + textwrap.dedent(code))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(realrl.__file__)))  # the realrl under test
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
     )
 
 
