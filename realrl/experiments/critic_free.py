@@ -23,11 +23,12 @@ from realrl.experiments.grpo import GRPOConfig
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
 
 
-def critic_free_experiment(name: str, summary: str) -> type[GRPOConfig]:
-    """A GRPO-shaped experiment whose ``ppo`` options start from the preset ``name``."""
+def critic_free_experiment(name: str, class_name: str, summary: str) -> type[GRPOConfig]:
+    """A GRPO-shaped experiment whose ``ppo`` options start from the preset ``name``; its config
+    class is ``class_name`` of this module (the name a saved config refers to it by)."""
     defaults = dataclasses.field(default_factory=functools.partial(make_ppo_hyperparameters, preset=name))
     cls = dataclasses.make_dataclass(
-        f"{name.title().replace('_', '')}Config",
+        class_name,
         [("ppo", PPOHyperparameters, defaults)],
         bases=(GRPOConfig,),
         namespace={"SUMMARY": summary, "__module__": __name__},
@@ -35,8 +36,12 @@ def critic_free_experiment(name: str, summary: str) -> type[GRPOConfig]:
     return register_quickstart_exp(name, cls)
 
 
-RLOOConfig = critic_free_experiment("rloo", "RLOO: leave-one-out baseline over each prompt's answers")
-ReinforcePPConfig = critic_free_experiment(
-    "reinforce_pp", "REINFORCE++: per-token KL in the reward, batch-whitened returns"
+RLOOConfig = critic_free_experiment(
+    "rloo", "RLOOConfig", "RLOO: leave-one-out baseline over each prompt's answers"
 )
-ReMaxConfig = critic_free_experiment("remax", "ReMax: the greedy answer's score as each prompt's baseline")
+ReinforcePPConfig = critic_free_experiment(
+    "reinforce_pp", "ReinforcePPConfig", "REINFORCE++: per-token KL in the reward, batch-whitened returns"
+)
+ReMaxConfig = critic_free_experiment(
+    "remax", "ReMaxConfig", "ReMax: the greedy answer's score as each prompt's baseline"
+)

@@ -87,11 +87,11 @@ def run_transfers(store: TensorStore, pieces: Sequence[TransferPiece], me: int, 
             buf = torch.empty((p.rows, *p.trailing_shape), dtype=wire_dtype)
             if p.rows:
                 works.append(dist.irecv(buf, src=p.src, tag=p.tag))
-            landed.append((p, buf))
+            landed.append((p, buf, dtype))
     for w in works:
         w.wait(timeout=datetime.timedelta(seconds=timeout))
-    for p, buf in landed:
-        t = buf.view(torch.bool) if p.dtype == "bool" else buf
+    for p, buf, dtype in landed:
+        t = buf.view(torch.bool) if dtype == torch.bool else buf
         off = 0
         for sid, lens in zip(p.ids, p.seqlens):
             n = sum(lens)

@@ -70,8 +70,8 @@ def test_master_launcher_and_command_line_modules_import_no_torch(tmp_path):
 
 
 def test_building_and_validating_every_experiment_imports_no_torch(tmp_path):
-    """Every experiment's config built and checked as the command line does, its runtime config
-    made, written as JSON and read back: all of it without torch."""
+    """Every experiment's config built and checked as the command line does, it and its runtime
+    config written as JSON and read back: all of it without torch."""
     out = check(
         run_lean(
             f"""
@@ -80,6 +80,7 @@ def test_building_and_validating_every_experiment_imports_no_torch(tmp_path):
             from realrl.apps.main import load_config, save_config
             from realrl.api.core.layout_fit import check_layouts
             from realrl.api.quickstart.entrypoint import quickstart_experiments
+            from realrl.base import config_json
             register_everything([])
             built = []
             for name in quickstart_experiments():
@@ -89,6 +90,8 @@ def test_building_and_validating_every_experiment_imports_no_torch(tmp_path):
                 path = "{tmp_path}/" + name + ".json"
                 save_config(exp, path)
                 assert load_config(path) == exp
+                # the command line's config too: the evaluation process is handed it as JSON
+                assert config_json.loads(config_json.dumps(cfg)) == cfg, name
                 built.append(name)
             print(json.dumps(built))
             """,

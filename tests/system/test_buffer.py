@@ -109,9 +109,9 @@ def _exchange(rank: int, port: int, result_dir: str) -> None:
     pieces = []
     for src in (0, 1):
         for key, lens, dtype in [
-            ("packed_input_ids", [[2], [3]], torch.long),
-            ("prompt_mask", [[2], [3]], torch.bool),
-            ("rewards", [[1], [1]], torch.float32),
+            ("packed_input_ids", [[2], [3]], "int64"),  # dtype names, as the master plans them
+            ("prompt_mask", [[2], [3]], "bool"),
+            ("rewards", [[1], [1]], "float32"),
         ]:
             pieces.append(
                 TransferPiece(src, 1 - src, key, [f"{src}a", f"{src}b"], lens, dtype, (), len(pieces))
