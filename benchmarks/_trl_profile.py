@@ -43,6 +43,7 @@ def interleaved_times(fns: dict, iters: int) -> dict[str, tuple[float, float]]:
 
 def realrl_rw_step(spec: BenchSpec, paths: dict[str, str]):
     """paired_rw.train_step on a TrainEngine over 64 pairs of the RM data: what the worker runs."""
+    import realrl.impl.builtin  # noqa: F401  (the model, backend and interface by name)
     from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, ModelInterfaceAbstraction
     from realrl.api.core.model_api import FinetuneSpec, make_backend, make_interface, make_model
     from realrl.experiments.toy_eval import load_batch

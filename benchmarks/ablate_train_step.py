@@ -44,6 +44,7 @@ def grpo_pieces(spec: BenchSpec, paths: dict[str, str]) -> dict:
     """The toy policy after one real generation: ``model``, ``interface``, ``prompts``, the
     ``rollout`` (with reference log-probs and random rewards), ``advantages`` (the rollout plus
     what ``compute_adv`` adds, as the actor's update reads it) and ``update`` (one of the 16)."""
+    import realrl.impl.builtin  # noqa: F401  (the model, backend and interface by name)
     from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction, ModelInterfaceAbstraction
     from realrl.api.core.model_api import FinetuneSpec, make_backend, make_interface, make_model
     from realrl.experiments.toy_eval import load_batch

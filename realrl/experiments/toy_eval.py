@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+import realrl.impl.builtin  # noqa: F401  (the datasets, model factory and engines it builds by name)
 from realrl.api.core.config import DatasetAbstraction, ModelAbstraction
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample, make_dataset
 from realrl.api.core.model_api import GenerationHyperparameters, Model, make_backend, make_model

@@ -196,8 +196,12 @@ def test_bench_vs_trl(tmp_path, toy_root):
 def test_bench_toy_default(tmp_path, job_root):
     """The whole default job: toy data, SFT, reward model, PPO, evaluation."""
     out = run_bench("bench_toy_default.py", tmp_path, "--fileroot", job_root)
-    ((_, *cells),) = table_rows(out, "1")
+    (_, *cells), (_, *phases), (_, *calls) = table_rows(out, "1")  # learning, time by phase, by call
     assert len(cells) == 7 and all(re.match(NUMBER, c) for c in cells), cells
+    # before the first phase, sft, rw, ppo, plots, evaluation, wall: seconds each
+    assert len(phases) == 7 and all(re.fullmatch(rf"{NUMBER} s", c) for c in phases), phases
+    # the PPO step and each of its calls (actor_gen ... critic_train): milliseconds each
+    assert len(calls) >= 8 and all(re.fullmatch(rf"{NUMBER} ms", c) for c in calls), calls
 
 
 @pytest.mark.parametrize("task", ["sentiment", pytest.param("arith", marks=pytest.mark.slow)])
