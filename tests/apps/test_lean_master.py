@@ -102,6 +102,21 @@ def test_building_and_validating_every_experiment_imports_no_torch(tmp_path):
     assert {"ppo", "grpo", "sft", "rw", "dpo"} <= set(built)
 
 
+def test_building_the_embedded_tasks_imports_no_torch(tmp_path):
+    """The command line writes an embedded task's data and tokenizer before the first phase."""
+    out = check(
+        run_lean(
+            f"""
+            from realrl.experiments.tasks import get_task, task_names
+            for name in task_names():
+                print(name, sorted(get_task(name).files("{tmp_path}", 1)))
+            """,
+            tmp_path,
+        )
+    )
+    assert "tokenizer" in out and len(out.strip().splitlines()) >= 2
+
+
 @pytest.mark.parametrize(
     "argv", [["--help"], ["ppo", "--help"], ["ppo", "--cfg", "job"], ["grpo", "--cfg", "job"]]
 )

@@ -20,27 +20,33 @@ def save_word_level_tokenizer(
 ) -> str:
     """``tokens`` get ids in order (the special tokens among them); ``pre_tokenizer`` splits text
     into tokens and ``decoder`` joins them (``tokenizers`` objects); ``extra``: JSON files written
-    beside the tokenizer (name -> content)."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
+    beside the tokenizer (name -> content).
+
+    Written with the ``tokenizers`` library alone (``tokenizer.json``, the special tokens marked
+    special) and a ``tokenizer_config.json`` naming ``PreTrainedTokenizerFast``: the command line
+    builds the task, and it imports no transformers."""
+    from tokenizers import AddedToken, Tokenizer, models
 
     tok = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(tokens)}, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoder
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        unk_token=UNK,
-        clean_up_tokenization_spaces=False,
-    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (PAD, BOS, EOS, UNK)])
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": PAD,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "unk_token": UNK,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(1e30),  # "no limit", as transformers writes it
+    }
     tmp = folder.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    fast.save_pretrained(tmp)
-    for name, content in (extra or {}).items():
+    os.makedirs(tmp)
+    tok.save(os.path.join(tmp, "tokenizer.json"))
+    for name, content in {"tokenizer_config.json": config, **(extra or {})}.items():
         with open(os.path.join(tmp, name), "w") as f:
-            json.dump(content, f)
+            json.dump(content, f, indent=2)
     os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
