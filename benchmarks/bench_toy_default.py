@@ -73,9 +73,11 @@ def ppo_step_times(run_dir: str) -> dict:
 
 def time_table(rows: list[dict]) -> str:
     """Where the main job's time goes: before the first phase (the command line's start-up and the
-    task's data), each phase (its workers' start-up, setup and steps), the evaluation, the plots;
-    then the PPO phase's step and each call's share of it."""
-    phases = list(rows[0]["phase_seconds"])
+    task's data), each phase (its workers' start-up, setup and steps), the plots, the evaluation
+    (from its request, the plots drawn meanwhile); then the PPO phase's step and each call's time."""
+    # summary.json sorts its keys: put the phases back in the order they ran
+    order = ("sft", "rw", "ppo", "plots", "evaluation")
+    phases = sorted(rows[0]["phase_seconds"], key=lambda p: order.index(p) if p in order else len(order))
     lines = ["| seed | before the first phase | " + " | ".join(phases) + " | wall |"]
     lines.append("|---" * (len(phases) + 3) + "|")
     for r in rows:

@@ -17,9 +17,10 @@ from realrl.apps.configs import build_config
 from realrl.apps.errors import UserError, data_error_message, one_line
 from realrl.apps.main import ExperimentFailedError, run_experiment
 from realrl.apps.preflight import check_paths
-from realrl.apps.summarize import can_hand_over, summarize_in_child
+from realrl.apps.summarize import EvaluationProcess, can_hand_over
 from realrl.base import logging, stats
 from realrl.experiments.tasks import get_task, has_checkpoint
+from realrl.experiments.tasks.base import Recipe
 from realrl.system.standby import StandbyWorkers
 
 logger = logging.getLogger("quickstart")
@@ -216,11 +217,38 @@ def run_quickstart(
         t = time.time()
         run_one(pre.config, standby, warm_next=True, exp=pre.experiment)
         seconds[pre.name] = round(time.time() - t, 2)
-    t = time.time()
-    records = run_one(cfg, standby, exp=phase.experiment)
-    seconds[name] = round(time.time() - t, 2)
+    recipe = get_task(cfg.task).recipe(name) if cfg.task else None
+    evaluation = None
+    if recipe is not None and recipe.summarize is not None and can_hand_over(cfg):
+        # in a process of its own (it loads models; this one imports no torch), started now so
+        # that its imports overlap the phase
+        evaluation = EvaluationProcess(cfg, cfg.run_dir)
+    try:
+        t = time.time()
+        records = run_one(cfg, standby, exp=phase.experiment)
+        seconds[name] = round(time.time() - t, 2)
+        return _summarize(name, cfg, records, recipe, evaluation, start, seconds)
+    finally:
+        if evaluation is not None:
+            evaluation.close()
+
+
+def _summarize(
+    name: str,
+    cfg: CommonExperimentConfig,
+    records: list[dict],
+    recipe: Recipe | None,
+    evaluation: EvaluationProcess | None,
+    start: float,
+    seconds: dict[str, float],
+) -> dict:
+    """The run's plots and ``summary.json``: the last step's figures, samples, the task's
+    held-out evaluation and where the time went."""
     run_dir = cfg.run_dir
     stats_path = os.path.join(run_dir, "stats.jsonl")
+    evaluating = time.time()
+    if evaluation is not None:
+        evaluation.request(name)  # it evaluates while this process draws the plots
     t = time.time()
     plots = (
         stats.plot_curves(stats_path, os.path.join(run_dir, "plots"), curves_of(type(cfg)))
@@ -235,17 +263,15 @@ def run_quickstart(
     last_samples = next((r[SAMPLES_KEY] for r in reversed(records) if r.get(SAMPLES_KEY)), None)
     if last_samples:  # what the policy writes, on any data (a task's summary may show its own)
         summary[SAMPLES_KEY] = last_samples
-    recipe = get_task(cfg.task).recipe(name) if cfg.task else None
     if recipe is not None and recipe.summarize is not None:
-        t = time.time()
-        if can_hand_over(cfg):  # in a process of its own: it loads models, and this one imports no torch
+        if evaluation is not None:
             try:
-                summary.update(summarize_in_child(name, cfg, run_dir, SUMMARY_TIMEOUT_S))
+                summary.update(evaluation.figures(SUMMARY_TIMEOUT_S))
             except RuntimeError as e:
                 raise ExperimentFailedError(f"{name}: the run finished, but {e}") from e
         else:  # a config class of the user's script: only this process knows it
             summary.update(recipe.summarize(cfg))
-        seconds["evaluation"] = round(time.time() - t, 2)
+        seconds["evaluation"] = round(time.time() - evaluating, 2)  # beside the plots
     summary["wall_seconds"] = round(time.time() - start, 1)
     summary["phase_seconds"] = seconds
     stats.write_summary(run_dir, summary)

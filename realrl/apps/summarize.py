@@ -1,10 +1,11 @@
-"""A task's held-out evaluation in a process of its own:
-``python -m realrl.apps.summarize <request.json> <figures.json>``.
+"""A task's held-out evaluation in a process of its own: ``python -m realrl.apps.summarize``.
 
 The command line that runs experiments holds configs only and imports no torch (docs/runtime.md);
-an embedded task's evaluation loads models and generates, so it runs here, once the run's workers
-are gone, and hands its figures back as JSON. The request holds the experiment's name and its
-config (``realrl.base.config_json``: data, read back only if it is this user's and private).
+an embedded task's evaluation loads models and generates, so it runs in a child. The child is
+started when the run's last phase starts: it imports torch and realrl's implementations on the
+core the phase's single-threaded worker leaves free, then waits on stdin for its request (the
+experiment's name and config, as ``realrl.base.config_json``: data, read back only if it is this
+user's and private), evaluates once the workers are gone, and writes its figures as JSON.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from typing import Any
 
 from realrl.base import config_json, private_files
+from realrl.base.processes import die_with_parent
 
 REQUEST = "summary_request.json"
 FIGURES = "summary_figures.json"
@@ -37,61 +39,89 @@ def _import_root(module: str) -> str:
     return file
 
 
-def summarize_in_child(experiment: str, cfg: Any, run_dir: str, timeout_s: float) -> dict[str, Any]:
-    """The figures of the task recipe of ``experiment`` (one with a recipe of ``cfg.task``) for
-    ``cfg``, computed in a child process (its output in ``<run_dir>/logs/summary.log``);
-    ``RuntimeError`` naming the log when it fails or runs past ``timeout_s``.
+class EvaluationProcess:
+    """The child that evaluates ``cfg``'s run (``evaluate``), started at once so that its imports
+    overlap the run; ``close`` stops it if it was never used. Its output goes to
+    ``<run_dir>/logs/summary.log``.
 
-    The child imports the plugins ``cfg`` names and, for a user's config class registered some
-    other way (a script importing its module), that module too, on this process's import path."""
-    module = type(cfg).__module__
-    plugins, path = list(cfg.import_modules), [p for p in sys.path if p]
-    if module.split(".")[0] != "realrl":
-        plugins.append(module)
-        path.insert(0, _import_root(module))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    request, figures = os.path.join(run_dir, REQUEST), os.path.join(run_dir, FIGURES)
-    log_path = os.path.join(run_dir, "logs", LOG)
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    for path in (request, figures):
-        if os.path.lexists(path):
-            os.unlink(path)
-    text = config_json.dumps({"experiment": experiment, "config": cfg}, plugin_modules=plugins)
-    private_files.write_private(request, text.encode())
-    with open(log_path, "w") as log:
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "realrl.apps.summarize", request, figures],
-                stdin=subprocess.DEVNULL,
-                env=env,
+    It imports the plugins ``cfg`` names and, for a user's config class registered some other way
+    (a script importing its module), that module too, on this process's import path."""
+
+    def __init__(self, cfg: Any, run_dir: str):
+        self.cfg, self.run_dir = cfg, run_dir
+        module = type(cfg).__module__
+        self.plugins, path = list(cfg.import_modules), [p for p in sys.path if p]
+        if module.split(".")[0] != "realrl":
+            self.plugins.append(module)
+            path.insert(0, _import_root(module))
+        self.log_path = os.path.join(run_dir, "logs", LOG)
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "realrl.apps.summarize"],
+                stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                timeout=timeout_s,
-                check=False,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+                preexec_fn=die_with_parent,
             )
+
+    def request(self, experiment: str) -> None:
+        """Start evaluating with the task recipe of ``experiment`` (one with a recipe of
+        ``cfg.task``); ``figures`` waits for the result."""
+        request, figures = os.path.join(self.run_dir, REQUEST), os.path.join(self.run_dir, FIGURES)
+        for path in (request, figures):
+            if os.path.lexists(path):
+                os.unlink(path)
+        text = config_json.dumps({"experiment": experiment, "config": self.cfg}, plugin_modules=self.plugins)
+        private_files.write_private(request, text.encode())
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps({"request": request, "figures": figures}) + "\n").encode())
+            self.proc.stdin.close()
+        except OSError:
+            pass  # it died while importing: its exit code and log say why (``figures``)
+
+    def figures(self, timeout_s: float) -> dict[str, Any]:
+        """What the requested evaluation measured; ``RuntimeError`` naming the log when the child
+        failed or runs past ``timeout_s``."""
+        request, figures = os.path.join(self.run_dir, REQUEST), os.path.join(self.run_dir, FIGURES)
+        try:
+            code = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the evaluation ran past {timeout_s:.0f} s (its log: {log_path})") from None
-    if proc.returncode != 0:
-        with open(log_path, errors="replace") as f:
-            tail = "".join(f.readlines()[-15:])
-        raise RuntimeError(f"the evaluation failed with exit code {proc.returncode} ({log_path}):\n{tail}")
-    with open(figures) as f:
-        out = json.load(f)
-    os.unlink(request)
-    os.unlink(figures)
-    return out
+            self.close()
+            raise RuntimeError(
+                f"the evaluation ran past {timeout_s:.0f} s (its log: {self.log_path})"
+            ) from None
+        if code != 0:
+            with open(self.log_path, errors="replace") as f:
+                tail = "".join(f.readlines()[-15:])
+            raise RuntimeError(f"the evaluation failed with exit code {code} ({self.log_path}):\n{tail}")
+        with open(figures) as f:
+            out = json.load(f)
+        os.unlink(request)
+        os.unlink(figures)
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
 
-def main(argv: list[str] | None = None) -> None:
-    request, figures = sys.argv[1:] if argv is None else argv
-    import realrl.impl.builtin  # noqa: F401  (the models, backends and datasets the evaluation builds)
+def main() -> None:
+    import realrl.experiments.toy_eval  # noqa: F401  (torch, the implementations: what evaluating loads)
     from realrl.base import plugins
     from realrl.experiments.tasks import get_task
 
-    order = config_json.loads(private_files.read_private(request), plugins.import_plugins)
+    line = sys.stdin.readline()
+    if not line:  # the run failed or was stopped: nothing to evaluate
+        return
+    paths = json.loads(line)
+    order = config_json.loads(private_files.read_private(paths["request"]), plugins.import_plugins)
     cfg = order["config"]
     out = get_task(cfg.task).recipe(order["experiment"]).summarize(cfg)
-    private_files.write_private(figures, json.dumps(out).encode())
+    private_files.write_private(paths["figures"], json.dumps(out).encode())
 
 
 if __name__ == "__main__":
