@@ -7,6 +7,7 @@ exactly the code path a user's real data and checkpoints take.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
@@ -70,13 +71,16 @@ class BigramLanguage:
         n = len(self.words)
         self.next_ids = np.stack([rng.choice(n, size=successors, replace=False) for _ in range(n)])
         self.next_probs = rng.dirichlet(np.ones(successors), size=n)
-        self._cdf = np.cumsum(self.next_probs, axis=1)
-        self._cdf[:, -1] = 1.0
+        cdf = np.cumsum(self.next_probs, axis=1)
+        cdf[:, -1] = 1.0
+        # as Python lists: a sequence is drawn word by word, and bisect on a list is ~10x faster
+        # than a numpy call per word, with the same result (np.searchsorted side="right")
+        self._cdf, self._next = cdf.tolist(), self.next_ids.tolist()
 
     def continue_from(self, last: int, n_words: int, rng: np.random.Generator) -> list[int]:
         out = []
-        for u in rng.random(n_words):
-            last = int(self.next_ids[last][np.searchsorted(self._cdf[last], u, side="right")])
+        for u in rng.random(n_words).tolist():
+            last = self._next[last][bisect.bisect_right(self._cdf[last], u)]
             out.append(last)
         return out
 
