@@ -3,6 +3,7 @@ tokens, written atomically, that ``AutoTokenizer`` loads offline like any checkp
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -23,16 +24,17 @@ def save_word_level_tokenizer(
     beside the tokenizer (name -> content).
 
     Written with the ``tokenizers`` library alone (``tokenizer.json``, the special tokens marked
-    special) and a ``tokenizer_config.json`` naming ``PreTrainedTokenizerFast``: the command line
-    builds the task, and it imports no transformers."""
-    from tokenizers import AddedToken, Tokenizer, models
+    special) and a ``tokenizer_config.json`` naming the class the installed transformers would
+    write: the command line builds the task, and it imports no transformers."""
+    from tokenizers import AddedToken, Tokenizer, models, processors
 
     tok = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(tokens)}, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoder
+    tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A:0 $B:1")  # no BOS / EOS
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (PAD, BOS, EOS, UNK)])
     config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        **_tokenizer_class(),
         "pad_token": PAD,
         "bos_token": BOS,
         "eos_token": EOS,
@@ -51,3 +53,16 @@ def save_word_level_tokenizer(
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
     return folder
+
+
+def _tokenizer_class() -> dict[str, str]:
+    """How the installed transformers names a tokenizer backed by a ``tokenizer.json``, read from
+    its version (package metadata: nothing is imported): ``TokenizersBackend`` from transformers 5,
+    ``PreTrainedTokenizerFast`` before."""
+    try:
+        major = int(importlib.metadata.version("transformers").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        major = 5
+    if major >= 5:
+        return {"tokenizer_class": "TokenizersBackend", "backend": "tokenizers"}
+    return {"tokenizer_class": "PreTrainedTokenizerFast"}
