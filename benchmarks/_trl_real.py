@@ -104,6 +104,7 @@ def run(task: str, spec: BenchSpec, paths: dict[str, str], standby=None) -> dict
             "train_wall_s": wall,
             "checkpoint": final_checkpoint(cfg.fileroot, cfg.experiment_name, cfg.trial_name, role),
             "mfc_seconds": _mean_timings(records[1:] or records),
+            "torch_threads": exp.torch_threads,
             "last": {k: v for k, v in records[-1].items() if isinstance(v, float)},
             "records": records,
         }

@@ -68,9 +68,10 @@ def child_main(side: str, task: str, spec_path: str, out_path: str) -> None:
     finally:
         if standby is not None:
             standby.close()
-    import torch
+    if side == "trl":  # realrl's runner reports its workers' threads; its master has no torch
+        import torch
 
-    result["torch_threads"] = torch.get_num_threads()
+        result["torch_threads"] = torch.get_num_threads()
     with open(out_path, "w") as f:
         json.dump(result, f)
 
