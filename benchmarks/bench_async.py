@@ -8,9 +8,10 @@ Layouts and modes:
   async eta=..., std loss the same with the standard PPO loss (AReaL's ablation)
 
 Reported per row (mean ± sd over seeds): training samples per second over the RL phase
-(answers trained on / the phase's wall time), the RL phase's wall time, the trained policy's
-gain over the SFT policy in SFT standard deviations, the KL to the reference, and the largest
-staleness seen. The SFT and reward phases run once per seed and are shared.
+(answers trained on / the RL phase's own seconds), the RL phase's seconds, the trained policy's
+gain over the SFT policy in SFT standard deviations, the KL to the reference, the largest
+staleness seen, and the policy's weights sent to the generation worker per step (bytes and
+seconds moving: the ``realloc/actor/*`` statistics). The SFT and reward phases run once per seed and are shared.
 
     python benchmarks/bench_async.py [--seeds 1 2 3] [--etas 1 2 4] [--algo ppo|grpo]
     python benchmarks/bench_async.py --smoke    # seed 1, sync d2 and async eta=1 only, 2-step runs
@@ -59,13 +60,16 @@ def run(algo: str, label: str, overrides: list[str], seed: int, fileroot: str, s
         records = [json.loads(line) for line in f]
     exp = load_config(os.path.join(run_dir, SAVED_CONFIG))  # the samples each step trains on
     trained = next(m.n_seqs for m in exp.mfcs if m.name == "actor_train") * len(records)
-    wall = summary["wall_seconds"]
+    wall = summary["phase_seconds"][algo]  # the RL phase alone: its workers' start to their exit
     return {
         "samples_per_s": trained / wall,
         "wall": wall,
         "gain": summary["gain_in_sft_std"],
         "kl": summary["kl"],
         "staleness": max((r.get("async/staleness_max", 0.0) for r in records), default=0.0),
+        # the policy's weights sent to the generation worker: per step, bytes and seconds moving
+        "weights_mb": sum(r.get("realloc/actor/bytes", 0.0) for r in records) / len(records) / 2**20,
+        "weights_ms": 1000 * sum(r.get("realloc/actor/seconds", 0.0) for r in records) / len(records),
     }
 
 
@@ -97,14 +101,21 @@ def main() -> None:
     base_label = table[0][0]
     base = statistics.mean(r["samples_per_s"] for r in results[base_label])
     print(f"{args.algo} on the sentiment task, 2 model workers, seeds {args.seeds}")
-    print(f"| run | samples/s | vs {base_label} | RL wall s | gain (SFT std) | KL | max staleness |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| run | samples/s | vs {base_label} | RL phase s | gain (SFT std) | KL | max staleness "
+        "| weights moved per step |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for label, runs in results.items():
         rate = [r["samples_per_s"] for r in runs]
+        mb, ms = (
+            statistics.mean(r["weights_mb"] for r in runs),
+            statistics.mean(r["weights_ms"] for r in runs),
+        )
         print(
             f"| {label} | {mean_sd(rate)} | {statistics.mean(rate) / base:.2f}x | {mean_sd([r['wall'] for r in runs], '{:.1f}')} "
             f"| {mean_sd([r['gain'] for r in runs])} | {mean_sd([r['kl'] for r in runs])} "
-            f"| {max(r['staleness'] for r in runs):.0f} |"
+            f"| {max(r['staleness'] for r in runs):.0f} | {mb:.2f} MB in {ms:.1f} ms |"
         )
 
 

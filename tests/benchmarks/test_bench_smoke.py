@@ -249,5 +249,9 @@ def test_bench_lora(tmp_path, job_root):
 def test_bench_async(tmp_path, job_root):
     out = run_bench("bench_async.py", tmp_path, "--fileroot", job_root)
     for label in ("sync d2", "async eta=1"):
-        ((_, rate, ratio, *_),) = table_rows(out, label)
+        ((_, rate, ratio, *_, weights),) = table_rows(out, label)
         assert float(rate) > 0 and re.fullmatch(rf"{NUMBER}x", ratio), out
+        moved = re.fullmatch(rf"({NUMBER}) MB in ({NUMBER}) ms", weights)
+        assert moved, weights
+        # d2 keeps the policy where it trains; the split layout sends it to the generation worker
+        assert (float(moved.group(1)) > 0) == (label == "async eta=1"), weights
