@@ -257,12 +257,16 @@ class PPOConfig(CommonExperimentConfig):
         "length": ["compute_adv/response_length", "eval/response_length"],
         # dynamic sampling: the share of prompts kept, and batches of prompts sampled per step
         "sampling": ["dynamic_sampling/kept_fraction", "dynamic_sampling/rounds"],
+        # asynchronous RL: how old the trained samples were, and how long each call's workers idled
+        "staleness": ["async/staleness_max", "async/staleness_mean"],
+        "idle": ["async/idle_s/*"],
     }
     PROGRESS = {
         "reward": ("compute_adv/task_reward",),
         "kl": ("compute_adv/ref_kl",),
         "loss": ("actor_train/loss",),
         "rounds": ("dynamic_sampling/rounds",),
+        "stale": ("async/staleness_mean",),
     }
 
     def __post_init__(self) -> None:

@@ -325,6 +325,9 @@ def test_asynchronous_ppo_at_staleness_zero_is_the_synchronous_run(fileroot):
     want = [json.loads(line) for line in open(os.path.join(base.run_dir, "stats.jsonl"))]
     got = [json.loads(line) for line in open(os.path.join(cfg.run_dir, "stats.jsonl"))]
     assert [g["async/staleness_max"] for g in got] == [0.0, 0.0]
+    assert "staleness.png" not in os.listdir(
+        os.path.join(base.run_dir, "plots")
+    )  # a synchronous run has none
     for g, w in zip(got, want, strict=True):
         for k, v in w.items():
             if isinstance(v, float) and k != "time" and not k.startswith(("timing", "realloc/")):
@@ -345,6 +348,8 @@ def test_asynchronous_ppo_generates_ahead_on_its_own_worker_within_the_bound(fil
         r["actor_train/stale_answers"] > 0 and "actor_train/behav_imp_weight" in r for r in stale_steps
     )
     assert all(r["async/idle_s/actor_gen"] >= 0.0 and r["async/idle_s/actor_train"] >= 0.0 for r in records)
+    plots = set(os.listdir(os.path.join(cfg.run_dir, "plots")))
+    assert {"staleness.png", "idle.png"} <= plots, plots
 
 
 @pytest.mark.slow
