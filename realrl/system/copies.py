@@ -46,8 +46,9 @@ class CopyTracker:
         self.versions_used: dict[tuple[str, int], int] = {}  # (mfc, step) -> the version it ran on
 
     def plan(self, mfc: MFCDef, step: int | None = None) -> CopyPlan | None:
-        """Record that ``mfc`` is being posted now (for ``step``); None when it runs at its model's
-        home. Under asynchronous RL a generate call's copy is kept, and refilled only when the
+        """Record that ``mfc`` is being posted now (for training step ``step``; None for a call
+        outside the steps, an evaluation's, whose version is not recorded); None when it runs at
+        its model's home. Under asynchronous RL a generate call's copy is kept, and refilled only when the
         version it holds is more than ``max_staleness`` behind ``step``."""
         cfg, role = self.config, mfc.role
         home, placement = cfg.placement(role), cfg.call_placement(mfc.name)
