@@ -20,6 +20,7 @@ import asyncio
 import os
 import secrets
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -177,11 +178,15 @@ def run_bounded(main: Coroutine[Any, Any, T], cancel_wait_s: float = CANCEL_WAIT
         done = True
         return result
     finally:
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.wait(pending, timeout=cancel_wait_s))
+        # cancel what is left, again for any task a cancelled one started while it unwound (left
+        # pending, its coroutine would run its cleanup at exit against the closed loop)
+        deadline = time.monotonic() + cancel_wait_s
+        while (pending := [t for t in asyncio.all_tasks(loop) if not t.done()]) and (
+            left := deadline - time.monotonic()
+        ) > 0:
+            for t in pending:
+                t.cancel()
+            loop.run_until_complete(asyncio.wait(pending, timeout=left))
         loop.run_until_complete(loop.shutdown_asyncgens())
         if done:
             loop.run_until_complete(loop.shutdown_default_executor())
