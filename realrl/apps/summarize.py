@@ -54,6 +54,7 @@ class EvaluationProcess:
         if module.split(".")[0] != "realrl":
             self.plugins.append(module)
             path.insert(0, _import_root(module))
+        self.request_path, self.figures_path = os.path.join(run_dir, REQUEST), os.path.join(run_dir, FIGURES)
         self.log_path = os.path.join(run_dir, "logs", LOG)
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         with open(self.log_path, "w") as log:
@@ -69,7 +70,7 @@ class EvaluationProcess:
     def request(self, experiment: str) -> None:
         """Start evaluating with the task recipe of ``experiment`` (one with a recipe of
         ``cfg.task``); ``figures`` waits for the result."""
-        request, figures = os.path.join(self.run_dir, REQUEST), os.path.join(self.run_dir, FIGURES)
+        request, figures = self.request_path, self.figures_path
         for path in (request, figures):
             if os.path.lexists(path):
                 os.unlink(path)
@@ -85,7 +86,6 @@ class EvaluationProcess:
     def figures(self, timeout_s: float) -> dict[str, Any]:
         """What the requested evaluation measured; ``RuntimeError`` naming the log when the child
         failed or runs past ``timeout_s``."""
-        request, figures = os.path.join(self.run_dir, REQUEST), os.path.join(self.run_dir, FIGURES)
         try:
             code = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -97,10 +97,10 @@ class EvaluationProcess:
             with open(self.log_path, errors="replace") as f:
                 tail = "".join(f.readlines()[-15:])
             raise RuntimeError(f"the evaluation failed with exit code {code} ({self.log_path}):\n{tail}")
-        with open(figures) as f:
+        with open(self.figures_path) as f:
             out = json.load(f)
-        os.unlink(request)
-        os.unlink(figures)
+        os.unlink(self.request_path)
+        os.unlink(self.figures_path)
         return out
 
     def close(self) -> None:
