@@ -215,16 +215,17 @@ class AsyncRLConfig:
 
     enabled: bool = False
     max_staleness: int = 1  # AReaL's max_head_offpolicyness; 0 is the synchronous run
-    partial_rollout: bool = False  # interruptible generation: not built yet (refused)
+    partial_rollout: bool = False  # interruptible generation: newer weights reach answers mid-decoding
+    # partial rollouts: tokens decoded between two chances to take newer weights
+    interrupt_every: int = 4
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
             raise ValueError(f"async_rl.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.partial_rollout:
-            raise ValueError(
-                "async_rl.partial_rollout=true: interruptible generation (answers continued under new "
-                "weights mid-decoding) is not built yet; answers finish under the weights they started with"
-            )
+        if self.interrupt_every < 1:
+            raise ValueError(f"async_rl.interrupt_every must be >= 1 token, got {self.interrupt_every}")
+        if self.partial_rollout and not self.enabled:
+            raise ValueError("async_rl.partial_rollout=true needs async_rl.enabled=true")
 
 
 @dataclasses.dataclass
@@ -387,7 +388,8 @@ class PPOConfig(CommonExperimentConfig):
                 )
             extra["dynamic_sampling"] = DynamicSampling("filter_groups", self.dynamic_sampling.max_rounds)
         if self.async_rl.enabled:
-            extra["async_rl"] = AsyncRL(self.async_rl.max_staleness)
+            pieces = self.async_rl.interrupt_every if self.async_rl.partial_rollout else None
+            extra["async_rl"] = AsyncRL(self.async_rl.max_staleness, pieces)
         evaluation = {}
         if self.dataset.valid_path:  # held-out rollouts every exp_ctrl.eval_freq_steps and at the end
             evaluation = dict(

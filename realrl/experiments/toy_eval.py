@@ -40,9 +40,12 @@ def load_batch(name: str, args: dict, tokenizer, limit: int | None = None, seed:
 Scorer = Callable[[list[str], list[str], dict[str, list]], list[float]]
 
 
-def true_reward_scorer() -> Scorer:
-    """The sentiment task's hidden true reward."""
-    return lambda prompts, completions, metadata: toy_sentiment_reward(prompts, completions)
+def true_reward_scorer(density: bool = False) -> Scorer:
+    """The sentiment task's hidden true reward (``density``: per 10 words, the long-answer task's)."""
+    per_words = 10 if density else None
+    return lambda prompts, completions, metadata: toy_sentiment_reward(
+        prompts, completions, per_words=per_words
+    )
 
 
 @dataclasses.dataclass

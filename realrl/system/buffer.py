@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from realrl.api.core.data_api import SequenceSample
+
+if TYPE_CHECKING:
+    from realrl.system.transfer_plan import Push
 
 
 @dataclasses.dataclass
@@ -29,6 +33,8 @@ class SampleBuffer:
         self.mfc_names = frozenset(mfc_names)
         self.entries: dict[Hashable, _Entry] = {}
         self._waiters: list[asyncio.Future] = []
+        # pushes in flight (transfer_plan): (id, key, destination worker) -> the push carrying it
+        self.pushes: dict[tuple[Hashable, str, int], Push] = {}
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -80,6 +86,22 @@ class SampleBuffer:
             entry = self._entry(sid)
             for k in keys:
                 entry.owners[k].add(worker)
+
+    def expect_push(self, push: Push, key: str, dst: int) -> None:
+        """``push.src`` will send ``key`` of ``push.ids`` to ``dst`` once it has produced it."""
+        for sid in push.ids:
+            self.pushes[(sid, key, dst)] = push
+
+    def take_push(self, sid: Hashable, key: str, dst: int) -> Push | None:
+        """The push bringing ``key`` of ``sid`` to ``dst``, if one is in flight: forgotten for all its
+        ids and ``dst`` counted as holding them (it receives them before any later request of
+        its own, and sends nothing before it has)."""
+        push = self.pushes.pop((sid, key, dst), None)
+        if push is not None:
+            for other in push.ids:
+                self.pushes.pop((other, key, dst), None)
+                self._entry(other).owners[key].add(dst)
+        return push
 
     # -- queries -------------------------------------------------------------------------------
 

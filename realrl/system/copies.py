@@ -77,3 +77,30 @@ class CopyTracker:
         return CopyPlan(
             role, home, placement, name, realloc, drop=not keep, adapters_only=adapters_only, version=version
         )
+
+    def plan_continue(self, mfc: MFCDef, finished: int) -> CopyPlan | None:
+        """The next piece of ``mfc``'s generate call decoded in pieces (partial rollouts): its
+        copy is refilled when its model has finished a newer version than the copy holds and no
+        training call of that model is still running (``finished``: the model's training steps
+        done), so the refill never waits behind training. None at home, whose weights are
+        already the newest the worker has run."""
+        cfg, role = self.config, mfc.role
+        home, placement = cfg.placement(role), cfg.call_placement(mfc.name)
+        if placement == home:
+            return None
+        name = copy_name(role, placement)
+        filled = self.filled[name]
+        realloc = filled < self.versions[role] == finished
+        if realloc:
+            self.filled[name] = self.versions[role]
+        adapters_only = cfg.models[role].lora_rank > 0
+        return CopyPlan(
+            role,
+            home,
+            placement,
+            name,
+            realloc,
+            drop=False,
+            adapters_only=adapters_only,
+            version=self.filled[name],
+        )

@@ -4,14 +4,16 @@ receives of the pieces the master planned (``transfer_plan``) over torch.distrib
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.dtype_names import to_torch
-from realrl.system.transfer_plan import TransferPiece
+from realrl.system.transfer_plan import PushOrder, TransferPiece
 
 
 class TensorStore:
@@ -72,15 +74,67 @@ def _wire(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.bool else t
 
 
-def run_transfers(store: TensorStore, pieces: Sequence[TransferPiece], me: int, timeout: float) -> None:
-    """Post every send and receive of ``pieces`` that involves worker ``me``, then wait for all."""
+class PendingSends:
+    """Sends a worker posted and did not wait for: the worker goes on with its next request while
+    the receiver takes the tensor whenever it gets there. A sender that waited would idle until
+    a busy receiver (a training worker) reached its half, and under asynchronous RL a generation
+    worker would stop generating for it. Each send's wire tensor is held until it completes; a
+    send still incomplete after ``timeout`` seconds is an error naming its piece."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.live: list[tuple[Any, torch.Tensor, TransferPiece | PushOrder, float]] = []
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def add(self, work: Any, wire: torch.Tensor, piece: TransferPiece | PushOrder) -> None:
+        self.live.append((work, wire, piece, time.monotonic() + self.timeout))
+
+    def reap(self) -> None:
+        """Forget the completed sends; raise for one past its deadline."""
+        now, keep = time.monotonic(), []
+        for entry in self.live:
+            work, _, piece, deadline = entry
+            if work.is_completed():
+                work.wait()  # raises a send that failed
+            elif now > deadline:
+                raise TimeoutError(
+                    f"sending {piece.key!r} of {len(piece.ids)} samples to worker {piece.dst} "
+                    f"(tag {piece.tag}) did not complete in {self.timeout:.0f} s"
+                )
+            else:
+                keep.append(entry)
+        self.live = keep
+
+    def wait_all(self) -> None:
+        """Wait for every send (before the worker exits, so no receiver is left waiting)."""
+        for work, _, _, deadline in self.live:
+            work.wait(timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        self.live = []
+
+
+def run_transfers(
+    store: TensorStore,
+    pieces: Sequence[TransferPiece],
+    me: int,
+    timeout: float,
+    sends: PendingSends | None = None,
+) -> None:
+    """Post every send and receive of ``pieces`` that involves worker ``me``, then wait for the
+    receives (and for the sends too, unless ``sends`` takes them: ``PendingSends``)."""
     works, landed = [], []
     for p in pieces:
-        if me not in (p.src, p.dst) or p.src == p.dst:
+        if me not in (p.src, p.dst) or p.src == p.dst or (p.pushed and p.src == me):
             continue
         if p.src == me:
             if p.rows:
-                works.append(dist.isend(_wire(store.get(p.ids, p.key)), dst=p.dst, tag=p.tag))
+                wire = _wire(store.get(p.ids, p.key))
+                work = dist.isend(wire, dst=p.dst, tag=p.tag)
+                if sends is not None:
+                    sends.add(work, wire, p)
+                else:
+                    works.append(work)
         else:
             dtype = to_torch(p.dtype)
             wire_dtype = torch.uint8 if dtype == torch.bool else dtype
@@ -97,3 +151,11 @@ def run_transfers(store: TensorStore, pieces: Sequence[TransferPiece], me: int, 
             n = sum(lens)
             store.tensors.setdefault(sid, {})[p.key] = t[off : off + n]
             off += n
+
+
+def push_outputs(store: TensorStore, orders: Sequence[PushOrder], sends: PendingSends) -> None:
+    """Post the sends of a call's pushes (its outputs, just stored) and leave them to ``sends``."""
+    for order in orders:
+        wire = _wire(store.get(order.ids, order.key))
+        if wire.shape[0]:  # the receiver posts nothing for an empty piece either
+            sends.add(dist.isend(wire, dst=order.dst, tag=order.tag), wire, order)

@@ -22,9 +22,9 @@ from realrl.api.core.dfg import MFCDef
 from realrl.api.core.system_api import model_worker_name
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyPlan
-from realrl.system.protocol import MFCCall, MFCReply, MFCRequest, ReallocOrder
+from realrl.system.protocol import MFCCall, MFCReply, MFCRequest, ReallocOrder, Segment
 from realrl.system.request_reply_stream import MasterStream, wait_replies
-from realrl.system.transfer_plan import plan_transfers
+from realrl.system.transfer_plan import Push, plan_pushes, plan_transfers
 
 TAG_MODULUS = 2**30
 
@@ -48,6 +48,27 @@ class CallResult:
     realloc: ReallocResult | None = None
     samples: list[dict] | None = None  # decoded examples the call reported (dp ranks' in order)
     dropped: list[Hashable] = dataclasses.field(default_factory=list)  # ids a filtering call drops
+    unfinished: int = 0  # a generate call in pieces: answers still being decoded, all dp ranks
+    rank_stats: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per dp rank
+
+    def then(self, later: CallResult) -> CallResult:
+        """This piece of a generate call followed by ``later``: the workers' seconds add up, the
+        statistics are the dp ranks' (each reports once, in the piece where it finished)."""
+        ranks = {
+            k: self.rank_stats.get(k, []) + later.rank_stats.get(k, [])
+            for k in {*self.rank_stats, *later.rank_stats}
+        }
+        return CallResult(
+            ids=later.ids,
+            stats={k: sum(v) / len(v) for k, v in ranks.items()},
+            seconds=self.seconds + later.seconds,
+            n_tokens=later.n_tokens,
+            realloc=later.realloc,
+            samples=(self.samples or []) + (later.samples or []) or None,
+            dropped=self.dropped + later.dropped,
+            unfinished=later.unfinished,
+            rank_stats=ranks,
+        )
 
 
 class TagCounter:
@@ -78,12 +99,20 @@ class CallDispatcher:
     metadata, its stream to the workers and its transfer tags, owned in one place."""
 
     def __init__(
-        self, buffer: SampleBuffer, stream: MasterStream, timeout: float, tags: TagCounter | None = None
+        self,
+        buffer: SampleBuffer,
+        stream: MasterStream,
+        timeout: float,
+        tags: TagCounter | None = None,
+        push_targets: dict[str, dict[str, list[int]]] | None = None,
     ):
         """``tags``: shared with another dispatcher whose calls may be in flight at the same time
-        (transfer tags must be unique among the live ones)."""
+        (transfer tags must be unique among the live ones). ``push_targets``
+        (``transfer_plan.push_targets``): calls push their outputs to the workers that read them
+        (asynchronous RL); None: consumers fetch them."""
         self.buffer, self.stream, self.timeout = buffer, stream, timeout
         self.tags = tags or TagCounter()
+        self.push_targets = push_targets
 
     def post(
         self,
@@ -92,10 +121,13 @@ class CallDispatcher:
         ids: list[Hashable],
         replicas: list[list[int]],
         copy: CopyPlan | None = None,
+        segment: Segment | None = None,
     ) -> PostedCall:
         """Post ``mfc`` on ``ids`` (already taken from the buffer) to every worker of each of its dp
         ranks (``replicas[d]``), in one synchronous burst; nothing is awaited. ``copy``: the call
-        runs on a copy of its model, filled from home first when ``copy.realloc``."""
+        runs on a copy of its model, filled from home first when ``copy.realloc``. ``segment``: a
+        piece of a generate call decoded in pieces; after the first, the workers hold the inputs
+        already and nothing is moved but the weights."""
         tik = time.monotonic()
         buffer, tags = self.buffer, self.tags
         meta = buffer.gather_meta(ids, mfc.input_keys)
@@ -111,20 +143,37 @@ class CallDispatcher:
                 requests[w] = MFCRequest([], realloc=order)
         for dp_rank, (workers, part) in enumerate(zip(replicas, parts)):
             for w in workers:
-                pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
+                if segment is not None and segment.index > 0:
+                    pieces = []
+                else:
+                    pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
                 tags.take(len(pieces))
                 for p in pieces:
-                    requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
+                    if not p.pushed:  # a pushed piece's source sent it when it produced it
+                        requests.setdefault(p.src, MFCRequest([])).pieces.append(p)
                 requests.setdefault(w, MFCRequest([])).pieces.extend(pieces)
                 requests[w].call = MFCCall(
-                    mfc.name, step, dp_rank, part, copy and copy.name, bool(copy and copy.drop)
+                    mfc.name, step, dp_rank, part, copy and copy.name, bool(copy and copy.drop), segment
                 )
+        if self.push_targets is not None and (segment is None or segment.index == 0):
+            self._plan_pushes(mfc, replicas, parts, requests)
         futures = {
             w: self.stream.post(model_worker_name(w), "mfc", req, _describe(mfc, step, req))
             for w, req in sorted(requests.items())
         }
         n_tokens = sum(meta.token_counts())
         return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, n_tokens, tik, order)
+
+    def _plan_pushes(self, mfc: MFCDef, replicas: list[list[int]], parts: list, requests: dict) -> None:
+        """Attach to each dp rank's head the pushes of its outputs to the workers reading them, and
+        record them for the readers' calls."""
+        workers = {w for r in replicas for w in r}
+        heads = [(r[0], list(part.ids)) for r, part in zip(replicas, parts)]
+        orders = plan_pushes(self.push_targets.get(mfc.name, {}), heads, workers, self.tags.next)
+        self.tags.take(len(orders))
+        for src, order in orders:
+            requests[src].call.pushes.append(order)
+            self.buffer.expect_push(Push(src, tuple(order.ids), order.tag), order.key, order.dst)
 
     async def finish(self, mfc: MFCDef, posted: PostedCall) -> CallResult:
         """Wait for a posted call's replies and put its outputs in the buffer."""
@@ -135,6 +184,7 @@ class CallDispatcher:
         stats: dict[str, list[float]] = {}
         samples: list[dict] = []
         dropped: list[Hashable] = []
+        unfinished = 0
         # the workers' own time on the call: a call posted early also waits behind the previous one
         worker_seconds = [r.seconds for r in replies.values() if r.seconds is not None]
         for workers, part in zip(posted.replicas, posted.parts):
@@ -149,6 +199,7 @@ class CallDispatcher:
                 stats.setdefault(k, []).append(v)
             samples += reply.samples or []
             dropped += reply.dropped or []
+            unfinished += reply.unfinished
         return CallResult(
             ids=posted.ids,
             stats={k: sum(v) / len(v) for k, v in stats.items()},  # mean over dp ranks
@@ -157,12 +208,16 @@ class CallDispatcher:
             realloc=_realloc_result(posted.realloc, replies),
             samples=samples or None,
             dropped=dropped,
+            unfinished=unfinished,
+            rank_stats=stats,
         )
 
 
 def _describe(mfc: MFCDef, step: int, req: MFCRequest) -> str:
     """One worker's part of a call, in words."""
     what = f"MFC {mfc.name!r} (step {step})" if req.call else f"data for MFC {mfc.name!r} (step {step})"
+    if req.call is not None and req.call.segment is not None:
+        what += f", piece {req.call.segment.index}"
     if req.realloc is not None:
         what += f", after reallocating {req.realloc.role!r} {req.realloc.src} -> {req.realloc.dst}"
     return what

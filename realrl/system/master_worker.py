@@ -23,7 +23,7 @@ from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyTracker
 from realrl.system.dynamic_sampling import DynamicSampler, merged_result
-from realrl.system.function_call import CallDispatcher, PostedCall, post_all, run_guarded
+from realrl.system.function_call import CallDispatcher, CallResult, PostedCall, post_all, run_guarded
 from realrl.system.protocol import (
     EvaluateRequest,
     FetchEvalRequest,
@@ -31,11 +31,13 @@ from realrl.system.protocol import (
     InitializeRequest,
     LoadRecoverRequest,
     SaveRequest,
+    Segment,
     SetupRequest,
 )
 from realrl.system.request_reply_stream import MasterStream, WorkerLostError, wait_replies
 from realrl.system.schedule import Schedule
 from realrl.system.step_records import brief, record_call, record_idle, record_realloc, record_staleness
+from realrl.system.transfer_plan import push_targets
 from realrl.system.version_rule import VersionRule
 
 logger = logging.getLogger("master_worker")
@@ -84,7 +86,9 @@ class MasterWorker:
         self.sampling = config.sampling_mfcs()
         self.buffer = SampleBuffer(m.name for m in config.mfcs if m not in self.sampling)
         self.progress = Progress([m.name for m in config.mfcs])
-        self.calls = CallDispatcher(self.buffer, stream, config.timeouts.request)
+        # asynchronous RL: calls push their outputs to the workers reading them (transfer_plan)
+        pushes = push_targets(config) if config.async_rl is not None else None
+        self.calls = CallDispatcher(self.buffer, stream, config.timeouts.request, push_targets=pushes)
         self.copies = CopyTracker(config)
         self.versions = VersionRule(config)
         self.last_reply: dict[str, float] = {}  # MFC -> when its last call replied (idle times)
@@ -297,6 +301,7 @@ class MasterWorker:
         trains = self.versions.training_calls_of(mfc)
         replicas = cfg.call_placement(mfc.name).replicas()
         pending: tuple[int, PostedCall] | None = None
+        pieces = self.versions.pieces(mfc)  # partial rollouts: tokens per piece of a generate call
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
             ids = self._ready_inputs(mfc, step, trains)
@@ -310,6 +315,9 @@ class MasterWorker:
                     lambda s=step: self.versions.ready(mfc, s, trains, self.progress.calls_done)
                 )
                 ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
+            if pieces is not None:
+                await self._generate_in_pieces(mfc, step, ids, replicas, trains, pieces, clears)
+                continue
             copy = self.copies.plan(mfc, step)
             posted = self.calls.post(mfc, step, ids, replicas, copy)
             if cfg.async_rl is not None and mfc.interface_type in IDLE_TIMED:  # behind a pending call: 0 s
@@ -322,6 +330,37 @@ class MasterWorker:
             await self._finish(mfc, *pending, clears)
         for futures in clears:
             await wait_replies(futures, model_worker_name, "clear", cfg.timeouts.request)
+
+    async def _generate_in_pieces(
+        self,
+        mfc: MFCDef,
+        step: int,
+        ids: list,
+        replicas: list[list[int]],
+        trains: list[str],
+        tokens: int,
+        clears: list[dict],
+    ) -> None:
+        """A generate call decoded ``tokens`` at a time (partial rollouts): between two pieces, a
+        policy version its model finished in the meantime reaches the copy the call runs on (at
+        home the worker has run the training call itself), and the unfinished answers continue
+        under it. Every piece's reallocation is in the step's record; the call's statistics,
+        outputs and bookkeeping are those of one call."""
+        record = self.records[step]
+        posted = self.calls.post(mfc, step, ids, replicas, self.copies.plan(mfc, step), Segment(0, tokens))
+        record_idle(record, mfc, self.last_reply.get(mfc.name), time.monotonic())
+        result = await self.calls.finish(mfc, posted)
+        index = 0
+        while result.unfinished:
+            record_realloc(record, mfc.role, result)
+            index += 1
+            done = (self.progress.calls_done[t] for t in trains)  # the model's finished versions
+            finished = min(done, default=self.copies.versions[mfc.role])
+            copy = self.copies.plan_continue(mfc, finished)
+            posted = self.calls.post(mfc, step, ids, replicas, copy, Segment(index, tokens))
+            result = result.then(await self.calls.finish(mfc, posted))
+        record[f"{mfc.name}/pieces"] = float(index + 1)
+        await self._after_call(mfc, step, result, clears)
 
     def _ready_inputs(self, mfc: MFCDef, step: int, trains: list[str]) -> list | None:
         """The ids of ``mfc``'s call at ``step`` if it could be posted now without waiting (the
@@ -342,7 +381,10 @@ class MasterWorker:
             ids = self._ready_inputs(mfc, step, trains)
             if ids is not None:
                 return ids
-            await asyncio.wait([self.buffer.next_change(), *replies], return_when=asyncio.FIRST_COMPLETED)
+            # the replies still awaited only: one already in (a worker that only sent data) would
+            # end every wait at once, and this loop would spin the master's CPU until the last
+            waiting = [f for f in replies if not f.done()]
+            await asyncio.wait([self.buffer.next_change(), *waiting], return_when=asyncio.FIRST_COMPLETED)
         return None
 
     @property
@@ -368,7 +410,10 @@ class MasterWorker:
         """Wait for the call's replies, then what follows it: evaluation and checkpoints of a
         trained model, freeing samples every MFC is done with (not waited for: the clear
         requests' replies are checked as they come and at the end), the step's record."""
-        result = await self.calls.finish(mfc, posted)
+        await self._after_call(mfc, step, await self.calls.finish(mfc, posted), clears)
+
+    async def _after_call(self, mfc: MFCDef, step: int, result: CallResult, clears: list[dict]) -> None:
+        """What follows a finished call (``_finish``)."""
         if self.trained.get(mfc.role) == mfc.name:
             await self._evaluate(mfc, step)
             await self._save(mfc, step + 1)

@@ -30,7 +30,7 @@ from realrl.impl.model.backend import dp, integrity
 from realrl.impl.model.nn.lora import adapters_disabled
 from realrl.impl.model.parallel.mesh import ParallelContext, build_contexts
 from realrl.system import names, recover_state
-from realrl.system.data_transfer import TensorStore, run_transfers
+from realrl.system.data_transfer import PendingSends, TensorStore, push_outputs, run_transfers
 from realrl.system.model_copies import ModelCopies
 from realrl.system.protocol import (
     EvaluateRequest,
@@ -101,6 +101,7 @@ class ModelWorker(WorkerBase):
         self.failpoints = Failpoints(config.failpoints, config.worker_index)
         self.mfcs: dict[str, MFCDef] = {m.name: m for m in config.mfcs}
         self.store = TensorStore()
+        self.sends = PendingSends(config.timeouts.peer)  # posted sends not waited for
         self.models: dict[str, model_api.Model] = {}
         self.interfaces: dict[str, model_api.ModelInterface] = {}
         self.parallel: dict[str, ParallelContext] = {}
@@ -109,6 +110,8 @@ class ModelWorker(WorkerBase):
         self.eval_batches: dict[str, list[SequenceSample]] = {}
         self.eval_prompts: SequenceSample | None = None  # the RL evaluation's, on the first data worker
         self.tokenizer = None
+        # generate calls decoded in pieces (partial rollouts), paused between pieces: (mfc, step) ->
+        self.rollouts: dict[tuple[str, int], tuple[model_api.Rollout, list]] = {}
         self.handlers = {
             "setup": self.setup,
             "initialize": self.initialize,
@@ -120,6 +123,9 @@ class ModelWorker(WorkerBase):
             "evaluate": self.evaluate,
             "fetch_eval": self.fetch_eval,
         }
+
+    def before_exit(self) -> None:
+        self.sends.wait_all()  # no receiver is left waiting for a send this worker posted
 
     def describe_state(self) -> str:
         return f"{len(self.store)} live samples"
@@ -285,6 +291,7 @@ class ModelWorker(WorkerBase):
         return FetchReply(self.eval_prompts.meta(), req.step)
 
     def clear(self, ids: list) -> int:
+        self.sends.reap()
         return self.store.drop(ids)
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -339,7 +346,8 @@ class ModelWorker(WorkerBase):
         realloc = None if req.realloc is None else self._reallocate(req)
         if req.pieces:
             self.failpoints.hit("transfer", None if req.call is None else req.call.step)
-        run_transfers(self.store, req.pieces, self.config.worker_index, self.timeouts.peer)
+        self.sends.reap()
+        run_transfers(self.store, req.pieces, self.config.worker_index, self.timeouts.peer, self.sends)
         call = req.call
         if call is None:
             return MFCReply(realloc=realloc)
@@ -363,8 +371,9 @@ class ModelWorker(WorkerBase):
         mfc = self.mfcs[call.mfc]
         model = self.models[mfc.role] if call.copy is None else self.copies[call.copy]
         # the store holds host tensors; the call sees its inputs on its model's device
-        data = self.store.assemble(call.input_meta).to(model.device)
-        if mfc.input_key_remap:
+        later_piece = call.segment is not None and call.segment.index > 0  # the rollout holds the inputs
+        data = None if later_piece else self.store.assemble(call.input_meta).to(model.device)
+        if mfc.input_key_remap and data is not None:
             data.remap_keys_(mfc.input_key_remap)
         interface = self.interfaces[mfc.name]
         # Every call draws from its own stream, so results do not depend on how calls of
@@ -381,6 +390,8 @@ class ModelWorker(WorkerBase):
             # the interface advances model.version (PPO may step the optimizer several times)
             stats = interface.train_step(model, data, mfc.mb_spec)
             return MFCReply(stats=_float_stats(stats, mfc.name))
+        if mfc.interface_type is ModelInterfaceType.GENERATE and call.segment is not None:
+            return self._generate_piece(mfc, call, model, data)
         if mfc.interface_type is ModelInterfaceType.GENERATE:
             out = interface.generate(model, data, mfc.mb_spec)
         elif mfc.interface_type is ModelInterfaceType.INFERENCE:
@@ -390,6 +401,31 @@ class ModelWorker(WorkerBase):
             raise ValueError(
                 f"MFC {mfc.name!r}: the runtime does not schedule {mfc.interface_type.value} calls"
             )
+        return self._reply(mfc, data, out, call.pushes)
+
+    def _generate_piece(
+        self, mfc: MFCDef, call: MFCCall, model: model_api.Model, data: SequenceSample | None
+    ) -> MFCReply:
+        """One piece of a generate call decoded in pieces (partial rollouts): piece 0 starts the
+        rollout, every piece advances it with the weights the model holds now (their version the
+        model's), and the piece that finishes this dp rank's answers replies with the outputs;
+        a rank done earlier answers the later pieces with nothing."""
+        key = (mfc.name, call.step)
+        if call.segment.index == 0:
+            rollout = self.interfaces[mfc.name].start_rollout(model, data, mfc.mb_spec)
+            self.rollouts[key] = (rollout, call.pushes)  # the pushes go once the answers are done
+        if key not in self.rollouts:
+            return MFCReply()
+        rollout, pushes = self.rollouts[key]
+        left = rollout.advance(call.segment.tokens, model.version.global_step)
+        if left:
+            return MFCReply(unfinished=left)
+        del self.rollouts[key]
+        return self._reply(mfc, rollout.data, rollout.finish(), pushes)
+
+    def _reply(self, mfc: MFCDef, data: SequenceSample, out, pushes: list) -> MFCReply:
+        """A generate or inference call's reply: its outputs kept in the store (and pushed to the
+        workers that read them), its statistics."""
         stats, samples, dropped = None, None, None
         if isinstance(out, tuple):  # (outputs, statistics of the call): both are reported
             out, stats = out
@@ -398,6 +434,7 @@ class ModelWorker(WorkerBase):
             dropped = stats.pop(DROPPED_KEY, None)
             stats = _float_stats(stats, mfc.name)
         meta = self._keep_outputs(mfc, data, out)
+        push_outputs(self.store, pushes, self.sends)
         return MFCReply(meta=meta, stats=stats, samples=samples, dropped=dropped)
 
     def _keep_outputs(

@@ -7,7 +7,7 @@ import dataclasses
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.layout import Placement
 from realrl.api.core.model_api import FinetuneSpec
-from realrl.system.transfer_plan import TransferPiece
+from realrl.system.transfer_plan import PushOrder, TransferPiece
 
 
 @dataclasses.dataclass
@@ -99,6 +99,19 @@ class MFCCall:
     input_meta: SequenceSample
     copy: str | None = None
     drop_copy: bool = False
+    segment: Segment | None = None  # a generate call decoded in pieces (partial rollouts)
+    pushes: list[PushOrder] = dataclasses.field(default_factory=list)  # outputs sent on once produced
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One piece of an interruptible generate call (asynchronous RL's partial rollouts): decode up
+    to ``tokens`` more tokens of every unfinished answer. Piece 0 starts the call (prefills its
+    prompts); the worker keeps the paused decoding between pieces, and a piece that finds the
+    model's weights changed recomputes the answers' caches first."""
+
+    index: int
+    tokens: int
 
 
 @dataclasses.dataclass
@@ -141,3 +154,4 @@ class MFCReply:
     dropped: list | None = None  # ids a filtering call drops from the batch (dynamic sampling)
     seconds: float | None = None  # the worker's own time on the call (transfers + compute)
     realloc: dict[str, float] | None = None  # bytes_sent, bytes_received, seconds of its reallocation
+    unfinished: int = 0  # a generate call in pieces: answers this worker is still decoding

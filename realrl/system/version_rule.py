@@ -27,6 +27,14 @@ class VersionRule:
         generate call under asynchronous RL, else 0."""
         return self.max_staleness if mfc.interface_type is ModelInterfaceType.GENERATE else 0
 
+    def pieces(self, mfc: MFCDef) -> int | None:
+        """Partial rollouts: the tokens per piece ``mfc``'s calls decode in, for a generate call
+        under asynchronous RL with ``interrupt_every`` set; else None (one piece)."""
+        a = self.config.async_rl
+        if a is None or mfc.interface_type is not ModelInterfaceType.GENERATE:
+            return None
+        return a.interrupt_every
+
     @property
     def live_steps(self) -> int:
         """Steps the loader fetches ahead of the last finished one: room for generation to run

@@ -112,10 +112,14 @@ class WorkerBase:
                 )
                 continue
             if msg.handler == "exit":
+                self.before_exit()
                 self.stream.reply(msg)
                 logger.info("%s exits as asked (%s)", self.name, self.describe_state())
                 return
             self._handle(msg)
+
+    def before_exit(self) -> None:
+        """What must finish before the worker answers the master's exit request."""
 
     def _handle(self, msg: Message) -> None:
         assert self.stream is not None

@@ -198,6 +198,21 @@ class InterfaceMethodUnsupported(RuntimeError):
     """An MFC asked an interface for a call type it does not offer."""
 
 
+class Rollout:
+    """A generate call decoded in pieces (``ModelInterface.start_rollout``): ``advance`` decodes
+    up to ``tokens`` more tokens of every unfinished answer with the weights of ``version`` (the
+    rollout notices when they changed since its last piece and continues under the new ones) and
+    returns how many answers are unfinished; ``finish`` then returns what ``generate`` would."""
+
+    data: SequenceSample  # the call's inputs
+
+    def advance(self, tokens: int, version: int) -> int:
+        raise NotImplementedError
+
+    def finish(self) -> SequenceSample | tuple[SequenceSample, dict]:
+        raise NotImplementedError
+
+
 class ModelInterface:
     """What an MFC runs. Subclasses implement the calls that apply to their algorithm."""
 
@@ -210,6 +225,14 @@ class ModelInterface:
         """The produced keys; or ``(sample, stats)`` to report scalar statistics of the call too
         (and, under ``SAMPLES_KEY``, a few decoded examples: a list of dicts, shown to the user)."""
         raise self._unsupported("generate")
+
+    def start_rollout(self, model: Model, data: SequenceSample, mb_spec=None) -> Rollout:
+        """``generate`` in pieces (asynchronous RL's partial rollouts): the prompts prefilled, the
+        answers not decoded yet; the worker advances the ``Rollout`` between its other requests."""
+        raise InterfaceMethodUnsupported(
+            f"interface {type(self).__name__} cannot generate in pieces (async_rl.partial_rollout); "
+            "it offers generate() only"
+        )
 
     def inference(self, model: Model, data: SequenceSample, mb_spec=None) -> SequenceSample:
         """The produced keys; or ``(sample, stats)`` to report scalar statistics of the call too

@@ -167,13 +167,20 @@ class AsyncRL:
     at step k may start once that model has finished training step k - 1 - ``max_staleness``, so
     it samples from a policy at most ``max_staleness`` versions behind the one that trains on its
     samples. 0 is the synchronous run. Copies of the policy in a generate call's own layout are
-    kept between calls and refilled only when they would be too old."""
+    kept between calls and refilled only when they would be too old.
+
+    ``interrupt_every`` (partial rollouts): the graph's generate calls decode in pieces of
+    that many tokens, and a newer policy finished in the meantime reaches the unfinished answers
+    between two pieces (their caches recomputed); None decodes each call in one go."""
 
     max_staleness: int = 1
+    interrupt_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
             raise ValueError(f"async_rl.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.interrupt_every is not None and self.interrupt_every < 1:
+            raise ValueError(f"partial rollouts decode pieces of >= 1 token, got {self.interrupt_every}")
 
 
 @dataclasses.dataclass
@@ -321,7 +328,12 @@ class ExperimentConfig:
         return [*self.allocations.values(), *(list(p.workers) for p in self.mfc_placements.values())]
 
     def data_workers(self) -> list[int]:
-        """The workers that load the dataset: one per data-parallel rank of the owner role."""
+        """The workers that load the dataset: one per data-parallel rank of the owner role. Under
+        asynchronous RL with no ``data_owner`` given, those of the first call reading the dataset
+        (the generate call): generation workers then never wait for a busy training worker to
+        send them their prompts."""
+        if self.async_rl is not None and self.data_owner is None:
+            return self.call_placement(self.source_mfcs()[0].name).heads()
         return self.placement(self.owner_role()).heads()
 
     def sampling_mfcs(self) -> list[MFCDef]:

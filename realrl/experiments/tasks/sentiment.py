@@ -9,9 +9,17 @@ reward itself (``reward_fn=toy_sentiment``). README.md ("What the main job does"
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
-from realrl.experiments.tasks.base import EmbeddedTask, Recipe, final_checkpoint, register_task, sft_recipe
+from realrl.experiments.tasks.base import (
+    EmbeddedTask,
+    Recipe,
+    final_checkpoint,
+    get_task,
+    register_task,
+    sft_recipe,
+)
 from realrl.impl.dataset.toy import ToyTaskConfig, build_toy_task
 from realrl.impl.dataset.toy.corpus import toy_model_config, toy_paths
 
@@ -46,46 +54,71 @@ DPO_PRESET = ONE_THREAD + (
     "dataset.max_seqlen=64",
     "dataset.max_pairs_per_prompt=1",
 )
-GEN_PRESET = ONE_THREAD + ("gen.max_new_tokens=13", "dataset.max_prompt_len=16", "dataset.train_bs_n_seqs=64")
-RL_SAMPLING = ("ppo.gen.max_new_tokens=13", "ppo.gen.top_p=1.0", "ppo.gen.top_k=0")
-PPO_PRESET = ONE_THREAD + (
-    "exp_ctrl.total_train_steps=30",
-    "dataset.train_bs_n_seqs=256",
-    "dataset.max_prompt_len=16",
-    "actor.optimizer.lr=1e-4",
-    "critic.optimizer.lr=3e-4",
-    *RL_SAMPLING,
-    "ppo.gen.temperature=1.0",
-    "ppo.kl_ctl=0.1",
-    "ppo.gae_lambda=0.95",
-    "ppo.ppo_n_epochs=4",
-    "ppo.ppo_n_minibatches=4",
-)
-# GRPO and its relatives (RLOO, REINFORCE++, ReMax): K answers per prompt, the true reward
-GROUP_PRESET = ONE_THREAD + (
-    "exp_ctrl.total_train_steps=30",
-    "dataset.train_bs_n_seqs=64",
-    "dataset.max_prompt_len=16",
-    "actor.optimizer.lr=1e-4",
-    "ppo.gen.n=4",
-    *RL_SAMPLING,
-    "ppo.ppo_n_epochs=4",
-    "ppo.ppo_n_minibatches=4",
-    "reward_fn=toy_sentiment",
-)
+MAX_NEW_TOKENS = 13  # 11 words, '.', EOS
 
 
-def summarize_policy(cfg: Any) -> dict[str, Any]:
+def gen_preset(max_new_tokens: int) -> tuple[str, ...]:
+    return ONE_THREAD + (
+        f"gen.max_new_tokens={max_new_tokens}",
+        "dataset.max_prompt_len=16",
+        "dataset.train_bs_n_seqs=64",
+    )
+
+
+def rl_sampling(max_new_tokens: int) -> tuple[str, ...]:
+    return (f"ppo.gen.max_new_tokens={max_new_tokens}", "ppo.gen.top_p=1.0", "ppo.gen.top_k=0")
+
+
+def ppo_preset(max_new_tokens: int) -> tuple[str, ...]:
+    return ONE_THREAD + (
+        "exp_ctrl.total_train_steps=30",
+        "dataset.train_bs_n_seqs=256",
+        "dataset.max_prompt_len=16",
+        "actor.optimizer.lr=1e-4",
+        "critic.optimizer.lr=3e-4",
+        *rl_sampling(max_new_tokens),
+        "ppo.gen.temperature=1.0",
+        "ppo.kl_ctl=0.1",
+        "ppo.gae_lambda=0.95",
+        "ppo.ppo_n_epochs=4",
+        "ppo.ppo_n_minibatches=4",
+    )
+
+
+def group_preset(max_new_tokens: int, reward_fn: str = "toy_sentiment") -> tuple[str, ...]:
+    """GRPO and its relatives (RLOO, REINFORCE++, ReMax): K answers per prompt, the true reward."""
+    return ONE_THREAD + (
+        "exp_ctrl.total_train_steps=30",
+        "dataset.train_bs_n_seqs=64",
+        "dataset.max_prompt_len=16",
+        "actor.optimizer.lr=1e-4",
+        "ppo.gen.n=4",
+        *rl_sampling(max_new_tokens),
+        "ppo.ppo_n_epochs=4",
+        "ppo.ppo_n_minibatches=4",
+        f"reward_fn={reward_fn}",
+    )
+
+
+GEN_PRESET = gen_preset(MAX_NEW_TOKENS)
+RL_SAMPLING = rl_sampling(MAX_NEW_TOKENS)
+PPO_PRESET = ppo_preset(MAX_NEW_TOKENS)
+GROUP_PRESET = group_preset(MAX_NEW_TOKENS)
+
+
+def summarize_policy(cfg: Any, task: str = "sentiment", density: bool = False) -> dict[str, Any]:
     """Held-out true reward of the policy before RL (the reference) and after, its KL to the
-    reference, and the reward model's pair accuracy when one scored the rollouts."""
+    reference, and the reward model's pair accuracy when one scored the rollouts. ``task``: the
+    toy task's name; ``density``: its true reward is per 10 words."""
     from realrl.experiments.toy_eval import evaluate_policy, reward_model_accuracy, true_reward_scorer
 
-    paths = SENTIMENT.paths(SENTIMENT.data_dir(cfg.fileroot, cfg.seed))
+    toy = get_task(task)
+    paths = toy.paths(toy.data_dir(cfg.fileroot, cfg.seed))
     before_path = cfg.ref.path or cfg.actor.path
     after_path = final_checkpoint(cfg.fileroot, cfg.experiment_name, cfg.trial_name, "actor")
     gconfig = dataclasses.replace(cfg.ppo.gen, n=1)
     n, tok, valid = cfg.toy_eval_prompts, paths["tokenizer"], paths["ppo_valid"]
-    score = true_reward_scorer()
+    score = true_reward_scorer(density)
     before = evaluate_policy(before_path, None, tok, valid, gconfig, score, n, seed=cfg.seed)
     after = evaluate_policy(after_path, before_path, tok, valid, gconfig, score, n, seed=cfg.seed)
     rm_accuracy = None
@@ -104,54 +137,79 @@ def summarize_policy(cfg: Any) -> dict[str, Any]:
     }
 
 
-def _build(data_dir: str, seed: int) -> dict[str, str]:
-    build_toy_task(data_dir, ToyTaskConfig(seed=seed, n_prompts=TOY_N_PROMPTS))
-    return toy_paths(data_dir)
-
-
 RL_FILES = {"dataset.path": "ppo_train", "dataset.valid_path": "ppo_valid", "tokenizer_path": "tokenizer"}
-GROUP_RECIPE = Recipe(GROUP_PRESET, RL_FILES, {"actor.path": "sft"}, summarize=summarize_policy)
+PAIR_FILES = {
+    "dataset.train_path": "rm_train",
+    "dataset.valid_path": "rm_valid",
+    "tokenizer_path": "tokenizer",
+}
 
-SENTIMENT = register_task(
-    EmbeddedTask(
-        name="sentiment",
-        label="toy",
-        doc="prompts continued by a bigram language, a hidden word-sentiment reward (the default)",
-        build=_build,
+
+def toy_task(
+    name: str, label: str, doc: str, toy: dict[str, Any], max_new_tokens: int, n_positions: int
+) -> EmbeddedTask:
+    """A toy-corpus task: ``toy`` are its ``ToyTaskConfig`` fields beyond the seed and size, its
+    answers at most ``max_new_tokens`` long, its model ``n_positions`` long."""
+
+    def build(data_dir: str, seed: int) -> dict[str, str]:
+        build_toy_task(data_dir, ToyTaskConfig(seed=seed, n_prompts=TOY_N_PROMPTS, **toy))
+        return toy_paths(data_dir)
+
+    density = bool(toy.get("density_reward"))
+    summarize = functools.partial(summarize_policy, task=name, density=density)
+    reward_fn = "toy_sentiment_density" if density else "toy_sentiment"
+    group = Recipe(
+        group_preset(max_new_tokens, reward_fn), RL_FILES, {"actor.path": "sft"}, summarize=summarize
+    )
+    return EmbeddedTask(
+        name=name,
+        label=label,
+        doc=doc,
+        build=build,
         paths=toy_paths,
-        model_config=toy_model_config,
+        model_config=functools.partial(toy_model_config, n_positions=n_positions),
         recipes={
             "sft": sft_recipe(SFT_PRESET),
-            "rw": Recipe(
-                RW_PRESET,
-                {
-                    "dataset.train_path": "rm_train",
-                    "dataset.valid_path": "rm_valid",
-                    "tokenizer_path": "tokenizer",
-                },
-                {"model.path": "sft"},
-            ),
-            "dpo": Recipe(
-                DPO_PRESET,
-                {
-                    "dataset.train_path": "rm_train",
-                    "dataset.valid_path": "rm_valid",
-                    "tokenizer_path": "tokenizer",
-                },
-                {"actor.path": "sft"},
-            ),
+            "rw": Recipe(RW_PRESET, PAIR_FILES, {"model.path": "sft"}),
+            "dpo": Recipe(DPO_PRESET, PAIR_FILES, {"actor.path": "sft"}),
             "gen": Recipe(
-                GEN_PRESET,
+                gen_preset(max_new_tokens),
                 {"dataset.path": "ppo_valid", "tokenizer_path": "tokenizer"},
                 {"model.path": "sft"},
             ),
             "ppo": Recipe(
-                PPO_PRESET, RL_FILES, {"actor.path": "sft", "rew.path": "rw"}, summarize=summarize_policy
+                ppo_preset(max_new_tokens),
+                RL_FILES,
+                {"actor.path": "sft", "rew.path": "rw"},
+                summarize=summarize,
             ),
-            "grpo": GROUP_RECIPE,
-            "rloo": GROUP_RECIPE,
-            "reinforce_pp": GROUP_RECIPE,
-            "remax": GROUP_RECIPE,
+            "grpo": group,
+            "rloo": group,
+            "reinforce_pp": group,
+            "remax": group,
         },
+    )
+
+
+SENTIMENT = register_task(
+    toy_task(
+        "sentiment",
+        "toy",
+        "prompts continued by a bigram language, a hidden word-sentiment reward (the default)",
+        {},
+        MAX_NEW_TOKENS,
+        n_positions=64,
+    )
+)
+# answers of 4 to 44 words: generation dominates the step and its lengths vary widely (the
+# workload asynchronous RL is for; benchmarks/bench_async.py --task sentiment_long)
+SENTIMENT_LONG = register_task(
+    toy_task(
+        "sentiment_long",
+        "toy_long",
+        "the sentiment task with answers of 4 to 44 words (long, varied generation)",
+        {"response_words": 4, "response_words_max": 44, "density_reward": True},
+        46,
+        n_positions=64,
     )
 )

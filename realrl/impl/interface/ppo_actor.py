@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
-from realrl.api.core.model_api import Model, ModelInterface, register_interface
+from realrl.api.core.model_api import Model, ModelInterface, Rollout, register_interface
 from realrl.base import logging
 from realrl.impl.interface.common import (
     INPUT_KEY,
@@ -35,6 +35,7 @@ from realrl.impl.interface.common import (
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
 from realrl.impl.interface.ppo_keys import BEHAV_VERSION, actor_train_keys
 from realrl.impl.interface.ppo_rollout import (
+    answer_version_span,
     resolve_token_id,
     rollout_sample,
     stamp_version,
@@ -51,6 +52,37 @@ from realrl.impl.model.utils.policy_losses import (
 
 logger = logging.getLogger("ppo_actor")
 PROX_LOGPROBS = "packed_prox_logprobs"  # the decoupled objective's proximal policy (train_step only)
+
+
+class PPORollout(Rollout):
+    """The policy's generate call decoded in pieces (asynchronous RL's partial rollouts): when the
+    weights changed between two pieces (a newer version arrived), the unfinished answers' caches
+    are recomputed under them and decoding goes on; every token keeps the version that sampled it,
+    and an answer's ``behav_version`` is its oldest token's."""
+
+    def __init__(
+        self, interface: PPOActorInterface, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec
+    ):
+        self.interface, self.model, self.data, self.mb_spec = interface, model, data, mb_spec
+        self.session = model.module.start_generation(data, mb_spec, model.tokenizer, interface.hp.gen)
+        self.version: int | None = None
+
+    def advance(self, tokens: int, version: int) -> int:
+        if self.version is not None and version != self.version:
+            self.session.refresh()
+        self.version = version
+        return self.session.advance(tokens, version)
+
+    def finish(self) -> tuple[SequenceSample, dict]:
+        gen, token_versions = self.session.output()
+        oldest, newest = answer_version_span(gen, token_versions)
+        out = self.interface.rollout(self.model, self.data, gen, self.mb_spec, oldest)
+        stats = {
+            # answers continued under newer weights, and how many newer versions reached the call
+            "answers_spanning_versions": float((newest > oldest).float().mean()),
+            "weight_updates_mid_call": float(len(set(self.session.versions)) - 1),
+        }
+        return out, stats
 
 
 @dataclasses.dataclass
@@ -82,6 +114,20 @@ class PPOActorInterface(ModelInterface):
         require_keys(data, ("packed_prompts",), "ppo_actor.generate")
         mb_spec = mb_spec or MicroBatchSpec()
         gen = model.module.generate(data, mb_spec, model.tokenizer, self.hp.gen)
+        versions = torch.full((len(gen.seqlens),), model.version.global_step, dtype=torch.long)
+        return self.rollout(model, data, gen, mb_spec, versions)
+
+    def start_rollout(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
+        """``generate`` in pieces (partial rollouts): ``PPORollout``."""
+        require_keys(data, ("packed_prompts",), "ppo_actor.start_rollout")
+        return PPORollout(self, model, data, mb_spec or MicroBatchSpec())
+
+    def rollout(
+        self, model: Model, data: SequenceSample, gen, mb_spec: MicroBatchSpec, versions: torch.Tensor
+    ) -> SequenceSample:
+        """The rollout keys of a generation; ``versions``: the policy version that sampled each
+        answer's first token, its ``behav_version`` (with partial rollouts the oldest of its
+        tokens: the bound applies to it)."""
         truncate_id = self._truncate_id(model)
         if truncate_id is not None:
             gen = truncate_generation(gen, truncate_id, self.hp.truncate_after)
@@ -89,7 +135,7 @@ class PPOActorInterface(ModelInterface):
         if self.recompute_logprobs or self.logprob_temperature != self.hp.gen.temperature:
             out.data["packed_logprobs"] = self._logprobs(model, out, mb_spec)
         if self.hp.decoupled_loss:
-            stamp_version(out, model.version.global_step)
+            stamp_version(out, versions)
         return out
 
     # -- reference inference ------------------------------------------------------------------

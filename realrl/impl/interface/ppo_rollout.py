@@ -21,13 +21,25 @@ from realrl.impl.interface.ppo_keys import BEHAV_VERSION, ROLLOUT_KEYS
 from realrl.impl.model.utils import ppo_functional as F
 
 
-def stamp_version(out: SequenceSample, version: int) -> None:
-    """Give every answer of ``out`` the version of the policy that sampled it (in place)."""
-    n = sum(len(row) for row in out.seqlens[INPUT_KEY])
+def stamp_version(out: SequenceSample, versions: torch.Tensor) -> None:
+    """Give every answer of ``out`` (prompt-major) the version of the policy that sampled it,
+    ``versions`` [n_answers] (in place)."""
     device = out.data[INPUT_KEY].device
-    out.update_(
-        per_sequence_sample(out, BEHAV_VERSION, torch.full((n,), version, dtype=torch.long, device=device))
-    )
+    out.update_(per_sequence_sample(out, BEHAV_VERSION, versions.to(device=device, dtype=torch.long)))
+
+
+def answer_version_span(
+    gen: GenerationOutput, token_versions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(oldest, newest) policy version among each answer's tokens, from ``token_versions``
+    aligned like ``gen.logprobs`` (an answer's tokens are the last L - p entries of its L - 1)."""
+    oldest, newest, off = [], [], 0
+    for L, p in zip(gen.seqlens, gen.prompt_lens):
+        answer = token_versions[off + p - 1 : off + L - 1]
+        off += L - 1
+        oldest.append(int(answer.min()) if answer.numel() else 0)
+        newest.append(int(answer.max()) if answer.numel() else 0)
+    return torch.tensor(oldest, dtype=torch.long), torch.tensor(newest, dtype=torch.long)
 
 
 def resolve_token_id(tokenizer: Any, token: int | str | None, what: str) -> int | None:

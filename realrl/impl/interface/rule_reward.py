@@ -46,15 +46,20 @@ def word_sentiment_reward(
     negative_words: Iterable[str] = DEFAULT_NEGATIVE_WORDS,
     end_token: str | None = ".",
     missing_end_penalty: float = -2.0,
+    per_words: int | None = None,
     **metadata,
 ) -> list[float]:
-    """Count words (case-insensitive, split on non-word characters); metadata is ignored."""
+    """Count words (case-insensitive, split on non-word characters); metadata is ignored.
+    ``per_words``: the count per that many words instead (a density: longer answers earn no
+    more), so a policy cannot raise its reward by writing longer."""
     pos = {w.lower() for w in positive_words}
     neg = {w.lower() for w in negative_words}
     scores = []
     for text in completions:
         words = _WORD.findall(text.lower())
         score = float(sum(w in pos for w in words) - sum(w in neg for w in words))
+        if per_words is not None:
+            score = score * per_words / max(len(words), 1)
         if end_token and not text.rstrip().endswith(end_token):
             score += missing_end_penalty
         scores.append(score)

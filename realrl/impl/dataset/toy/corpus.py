@@ -31,22 +31,36 @@ class ToyTaskConfig:
     prompt_min_words: int = 4
     prompt_max_words: int = 8
     response_words: int = 11  # then '.' (a 12-token answer)
+    # set: each answer's word count is drawn uniformly from response_words..response_words_max
+    response_words_max: int | None = None
+    density_reward: bool = False  # the true reward per 10 words (toy_sentiment_density)
     successors: int = 8  # bigram fan-out, Dirichlet(1) weights
     rm_no_period_fraction: float = 0.1  # RM continuations cut before '.', so the RM sees the penalty
     n_neutral: int = 160
 
     def fingerprint(self) -> str:
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        added = {
+            "response_words_max": None,
+            "density_reward": False,
+        }  # defaults left out: older data stays valid
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if not (k in added and v == added[k])}
+        blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def true_reward(completion: str, vocab: ToyVocab | None = None) -> float:
-    """Positive minus negative words, -2 when the completion does not end with '.'."""
-    return toy_sentiment_reward([""], [completion], vocab=vocab)[0]
+def true_reward(completion: str, vocab: ToyVocab | None = None, density: bool = False) -> float:
+    """Positive minus negative words (``density``: per 10 words), -2 when the completion does not
+    end with '.'."""
+    score = toy_sentiment_density_reward if density else toy_sentiment_reward
+    return score([""], [completion], vocab=vocab)[0]
 
 
 def toy_sentiment_reward(
-    prompts: list[str], completions: list[str], vocab: ToyVocab | None = None, **metadata
+    prompts: list[str],
+    completions: list[str],
+    vocab: ToyVocab | None = None,
+    per_words: int | None = None,
+    **metadata,
 ) -> list[float]:
     """The hidden true reward as a reward plugin: ``word_sentiment`` with the toy word lists."""
     vocab = vocab or ToyVocab()
@@ -57,10 +71,19 @@ def toy_sentiment_reward(
         negative_words=vocab.negative,
         end_token=PERIOD,
         missing_end_penalty=-2.0,
+        per_words=per_words,
     )
 
 
+def toy_sentiment_density_reward(
+    prompts: list[str], completions: list[str], vocab: ToyVocab | None = None, **metadata
+) -> list[float]:
+    """The hidden true reward per 10 words: the long-answer task's, which length cannot game."""
+    return toy_sentiment_reward(prompts, completions, vocab, per_words=10)
+
+
 register_reward_fn("toy_sentiment", toy_sentiment_reward)
+register_reward_fn("toy_sentiment_density", toy_sentiment_density_reward)
 
 
 class BigramLanguage:
@@ -131,7 +154,10 @@ def build_toy_task(out_dir: str, cfg: ToyTaskConfig | None = None) -> dict:
         return f"{lang.text(p)} {SEPARATOR}"
 
     def answer(p: list[int], with_period: bool = True) -> str:
-        words = lang.continue_from(p[-1], cfg.response_words, rng)
+        n = cfg.response_words
+        if cfg.response_words_max is not None:
+            n = int(rng.integers(cfg.response_words, cfg.response_words_max + 1))
+        words = lang.continue_from(p[-1], n, rng)
         return " " + lang.text(words) + (f" {PERIOD}" if with_period else "")
 
     phases = {phase: phase_indices(cfg.n_prompts, cfg.data_split, phase, cfg.seed) for phase in (1, 2, 3)}
@@ -139,7 +165,7 @@ def build_toy_task(out_dir: str, cfg: ToyTaskConfig | None = None) -> dict:
     sft_rewards = []
     for part, idx in zip(("train", "valid"), _split_valid(list(phases[1]), cfg.valid_fraction)):
         rows = [{"prompt": prompt_text(prompts[i]), "answer": answer(prompts[i])} for i in idx]
-        sft_rewards += [true_reward(r["answer"], vocab) for r in rows]
+        sft_rewards += [true_reward(r["answer"], vocab, cfg.density_reward) for r in rows]
         os.makedirs(os.path.join(tmp_dir, "sft"), exist_ok=True)
         _write_jsonl(os.path.join(tmp_dir, "sft", f"{part}.jsonl"), rows)
         counts[f"sft_{part}"] = len(rows)
@@ -149,7 +175,7 @@ def build_toy_task(out_dir: str, cfg: ToyTaskConfig | None = None) -> dict:
         for i in idx:
             a = answer(prompts[i], with_period=rng.random() >= cfg.rm_no_period_fraction)
             b = answer(prompts[i], with_period=rng.random() >= cfg.rm_no_period_fraction)
-            ra, rb = true_reward(a, vocab), true_reward(b, vocab)
+            ra, rb = true_reward(a, vocab, cfg.density_reward), true_reward(b, vocab, cfg.density_reward)
             if ra == rb:
                 ties += 1
                 continue
@@ -172,7 +198,7 @@ def build_toy_task(out_dir: str, cfg: ToyTaskConfig | None = None) -> dict:
         "rm_ties_dropped": ties,
         "generator_true_reward_mean": float(np.mean(sft_rewards)),
         "generator_true_reward_std": float(np.std(sft_rewards)),
-        "max_new_tokens": cfg.response_words + 2,  # words, '.', EOS
+        "max_new_tokens": (cfg.response_words_max or cfg.response_words) + 2,  # words, '.', EOS
     }
     with open(os.path.join(tmp_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)

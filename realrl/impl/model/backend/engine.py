@@ -37,6 +37,7 @@ from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutpu
 from realrl.impl.model.backend import dp
 from realrl.impl.model.backend.checkpoint import save_module_weights
 from realrl.impl.model.backend.config import EngineConfig
+from realrl.impl.model.backend.generation_session import GenerationSession, concat_generation_outputs
 from realrl.impl.model.nn.sampling import derive_keys, random_keys
 from realrl.impl.model.parallel.mesh import ParallelContext
 
@@ -67,17 +68,6 @@ def disable_dropout(module: torch.nn.Module) -> int:
             setattr(cfg, field, 0.0)
             changed += 1
     return changed
-
-
-def concat_generation_outputs(outs: list[GenerationOutput]) -> GenerationOutput:
-    """Micro-batch outputs back to back: prompt-major order is kept because pieces are contiguous."""
-    return GenerationOutput(
-        sequences=torch.cat([o.sequences for o in outs]),
-        seqlens=[x for o in outs for x in o.seqlens],
-        prompt_lens=[x for o in outs for x in o.prompt_lens],
-        logprobs=torch.cat([o.logprobs for o in outs]),
-        no_eos=torch.cat([o.no_eos for o in outs]),
-    )
 
 
 def stable_id_hash(sample_id: Any) -> int:
@@ -275,18 +265,59 @@ class InferenceEngine:
         keyed = "prompt_keys" in getattr(self.module, "generate_options", ()) and not gconfig.greedy
         base = int(random_keys(1)) if keyed else None
         outs = []
-        with self.mode(training=False), self.on_device(), self.whole_weights():
+        with self.generating():
             for mb in self.split(input_, mb_spec):
-                prompts = mb.data[PROMPT_KEY]
                 cu_seqlens = mb.cu_seqlens(PROMPT_KEY).to(self.device)
-                kwargs: dict[str, Any] = {}
-                if base is not None:
-                    kwargs["prompt_keys"] = prompt_keys(base, mb).to(self.device)
-                with self._autocast():
-                    outs.append(
-                        self.module.generate(prompts, cu_seqlens, gconfig, eos_token_id=eos, **kwargs)
-                    )
+                kwargs = self._key_kwargs(base, mb)
+                outs.append(
+                    self.module.generate(mb.data[PROMPT_KEY], cu_seqlens, gconfig, eos_token_id=eos, **kwargs)
+                )
         return concat_generation_outputs(outs)
+
+    @torch.no_grad()
+    def start_generation(
+        self,
+        input_: SequenceSample,
+        mb_spec: MicroBatchSpec | None,
+        tokenizer: Any,
+        gconfig: GenerationHyperparameters,
+    ) -> GenerationSession:
+        """Interruptible generation (partial rollouts): prefill every micro-batch of
+        ``packed_prompts`` and return the paused decoding, advanced a few tokens at a time by the
+        caller. Sampling keys as in ``generate``, so an uninterrupted session samples exactly what
+        ``generate`` does when it decodes eagerly."""
+        self._require(input_, PROMPT_KEY, "start_generation")
+        if not hasattr(self.module, "start_generation"):
+            raise TypeError(
+                f"{type(self.module).__name__} has no start_generation(); its generation cannot be "
+                "interrupted (async_rl.partial_rollout needs a ReaLModel)"
+            )
+        eos = getattr(tokenizer, "eos_token_id", None)
+        base = None if gconfig.greedy else int(random_keys(1))
+        decodings = []
+        with self.generating():
+            for mb in self.split(input_, mb_spec):
+                cu_seqlens = mb.cu_seqlens(PROMPT_KEY).to(self.device)
+                decodings.append(
+                    self.module.start_generation(
+                        mb.data[PROMPT_KEY],
+                        cu_seqlens,
+                        gconfig,
+                        eos_token_id=eos,
+                        **self._key_kwargs(base, mb),
+                    )
+                )
+        return GenerationSession(decodings, self.generating)
+
+    def _key_kwargs(self, base: int | None, mb: SequenceSample) -> dict[str, Any]:
+        return {} if base is None else {"prompt_keys": prompt_keys(base, mb).to(self.device)}
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """What decoding runs under: eval mode, the module on its device, whole weights (FSDP) and
+        the engine's autocast."""
+        with self.mode(training=False), self.on_device(), self.whole_weights(), self._autocast():
+            yield
 
     def whole_weights(self) -> contextlib.AbstractContextManager:
         """FSDP: every unit's weights gathered for the duration (a decoding loop runs each block once

@@ -64,28 +64,13 @@ def _generate(
     trace: DecodeTrace | None,
 ) -> GenerationOutput:
     cfg, device, n = model.config, input_ids.device, g.n
-    eos = eos_tensor(eos_token_id, device)
-    ctx = model.packed_context(input_ids, cu_seqlens)
+    eos, ctx, lens_t, keys, dtype = _prepare(model, input_ids, cu_seqlens, g, eos_token_id, prompt_keys)
     prompt_lens = ctx.meta.seqlens
-    if min(prompt_lens) < 1:
-        raise ValueError(f"generate() needs non-empty prompts; got prompt lengths {prompt_lens}")
-    n_prompts, max_new = len(prompt_lens), g.max_new_tokens
-    model.check_length(max(prompt_lens) + max_new, "prompt + max_new_tokens")
-    if prompt_keys is None:  # greedy reads no randomness: the global RNG is left as it was
-        prompt_keys = torch.zeros(n_prompts, dtype=torch.long) if g.greedy else random_keys(n_prompts)
-    elif prompt_keys.shape != (n_prompts,) or prompt_keys.dtype != torch.long:
-        raise ValueError(
-            f"prompt_keys must be int64 [{n_prompts}] (one per prompt); got {prompt_keys.dtype} "
-            f"{tuple(prompt_keys.shape)}"
-        )
-    keys = answer_keys(prompt_keys.to(device), n)  # row of the cache -> its sequence's key
-    dtype = activation_dtype(model.dtype, device)  # bf16 under autocast with fp32 weights
-    lens_t = torch.tensor(prompt_lens, device=device)
     mode = decoding_mode(model, g, device)
     if mode == "eager":
         return _eager_decode(model, input_ids, ctx, lens_t, keys, g, eos, dtype)
-    n_seqs = n_prompts * n
-    capacity = cache_capacity(max(prompt_lens), max_new)
+    n_seqs = len(prompt_lens) * n
+    capacity = cache_capacity(max(prompt_lens), g.max_new_tokens)
     cache = KVCache(cfg.n_layers, n_seqs, model.local_kv_heads, capacity, cfg.head_dim, dtype, device)
     decoder = static_decoder(model, cache, dtype, g, eos, mode, trace)
     if decoder is None:
@@ -97,6 +82,47 @@ def _generate(
         logits.repeat_interleave(n, dim=0), lens_t.repeat_interleave(n), keys
     )
     return _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos)
+
+
+@torch.no_grad()
+def start_decoding(
+    model,
+    input_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    g: GenerationHyperparameters,
+    eos_token_id: int | list[int] | None = None,
+    prompt_keys: torch.Tensor | None = None,
+) -> EagerDecoding:
+    """Prefill the packed prompts and return the paused eager decoding (``EagerDecoding``) that
+    interruptible generation advances a few tokens at a time; keys as in ``generate``. The caller
+    keeps the model in eval mode while it decodes."""
+    if model.config.is_critic:
+        raise ValueError("generation needs a language model; this ReaLModel is a critic (scalar head)")
+    eos, ctx, lens_t, keys, dtype = _prepare(model, input_ids, cu_seqlens, g, eos_token_id, prompt_keys)
+    return EagerDecoding(model, input_ids, ctx, lens_t, keys, g, eos, dtype)
+
+
+def _prepare(model, input_ids, cu_seqlens, g, eos_token_id, prompt_keys) -> tuple:
+    """What both ways of decoding start from: EOS ids, the prompts' packed context, their lengths,
+    every answer's sampling key and the activations' dtype."""
+    device, n = input_ids.device, g.n
+    eos = eos_tensor(eos_token_id, device)
+    ctx = model.packed_context(input_ids, cu_seqlens)
+    prompt_lens = ctx.meta.seqlens
+    if min(prompt_lens) < 1:
+        raise ValueError(f"generate() needs non-empty prompts; got prompt lengths {prompt_lens}")
+    n_prompts = len(prompt_lens)
+    model.check_length(max(prompt_lens) + g.max_new_tokens, "prompt + max_new_tokens")
+    if prompt_keys is None:  # greedy reads no randomness: the global RNG is left as it was
+        prompt_keys = torch.zeros(n_prompts, dtype=torch.long) if g.greedy else random_keys(n_prompts)
+    elif prompt_keys.shape != (n_prompts,) or prompt_keys.dtype != torch.long:
+        raise ValueError(
+            f"prompt_keys must be int64 [{n_prompts}] (one per prompt); got {prompt_keys.dtype} "
+            f"{tuple(prompt_keys.shape)}"
+        )
+    keys = answer_keys(prompt_keys.to(device), n)  # row of the cache -> its sequence's key
+    dtype = activation_dtype(model.dtype, device)  # bf16 under autocast with fp32 weights
+    return eos, ctx, torch.tensor(prompt_lens, device=device), keys, dtype
 
 
 def decoding_mode(model, g: GenerationHyperparameters, device: torch.device) -> str:
@@ -165,46 +191,130 @@ def _prefill(model, input_ids, ctx, lens: torch.Tensor, cache: KVCache, row_stri
 
 def _eager_decode(model, input_ids, ctx, lens_t, keys, g, eos, dtype) -> GenerationOutput:
     """One Python-driven step per token; a sequence that ends leaves the batch at once."""
-    cfg, device, n, max_new = model.config, input_ids.device, g.n, g.max_new_tokens
-    prompt_lens = ctx.meta.seqlens
-    n_prompts = len(prompt_lens)
-    cache = KVCache(
-        cfg.n_layers, n_prompts, model.local_kv_heads, max(prompt_lens) + max_new, cfg.head_dim, dtype, device
-    )
-    logits = _prefill(model, input_ids, ctx, lens_t, cache)
-    cache.repeat_interleave(n)
-    logits = logits.repeat_interleave(n, dim=0)
-    lens = lens_t.repeat_interleave(n)
-    max_len = max(prompt_lens)
+    decoding = EagerDecoding(model, input_ids, ctx, lens_t, keys, g, eos, dtype)
+    decoding.advance()
+    return decoding.output()
 
-    weights = DecodeWeights()  # decode-time projection weights, prepared once (kernels/weights.py)
-    n_seqs = n_prompts * n
-    live = torch.arange(n_seqs, device=device)  # row of the cache -> output sequence index
-    out_tokens = torch.zeros(n_seqs, max_new, dtype=torch.long, device=device)
-    out_logp = torch.zeros(n_seqs, max_new, dtype=torch.float32, device=device)
-    gen_lens = torch.full((n_seqs,), max_new, dtype=torch.long, device=device)
-    with decode_attention_kernels(device):
-        for step in range(max_new):
-            tokens, logp = next_tokens(logits, g, eos, step, keys)
-            out_tokens[live, step] = tokens
-            out_logp[live, step] = logp
-            if step == max_new - 1:
-                break
-            if eos.numel() and not g.fixed_length:
-                done = torch.isin(tokens, eos)
-                if bool(done.any()):
-                    gen_lens[live[done]] = step + 1
-                    keep = (~done).nonzero().squeeze(-1)  # indices: one host sync, not one per tensor
-                    if keep.numel() == 0:
-                        break
-                    live, keys, tokens, lens = live[keep], keys[keep], tokens[keep], lens[keep]
-                    cache.select(keep)
-                    max_len = int(lens.max())  # the longest row may have finished: attend less
-            h = model.hidden_states(tokens, DecodeContext(cache, lens, max_len + 1, weights, ctx.impl))
-            logits = linear(h, weights, model.head)
-            lens = lens + 1
-            max_len += 1
-    return _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos)
+
+class EagerDecoding:
+    """The eager loop as an object that can pause between tokens: ``advance`` decodes up to ``n``
+    more tokens; after the model's weights changed, ``refresh`` rebuilds the live rows' KV cache
+    from their prompt and answer so far, so decoding continues under the new weights; ``output``
+    assembles the answers. Interruptible generation (partial rollouts, asynchronous RL) drives
+    it; one uninterrupted ``advance`` is the eager decoding every generate call runs. Every token
+    is tagged with the ``version`` of the ``advance`` that sampled it (``token_versions``)."""
+
+    def __init__(self, model, input_ids, ctx, lens_t, keys, g, eos, dtype):
+        cfg, device, n, max_new = model.config, input_ids.device, g.n, g.max_new_tokens
+        self.model, self.input_ids, self.g, self.eos, self.dtype = model, input_ids, g, eos, dtype
+        self.prompt_lens = ctx.meta.seqlens
+        self.impl = ctx.impl
+        n_prompts = len(self.prompt_lens)
+        self.capacity = max(self.prompt_lens) + max_new
+        self.cache = KVCache(
+            cfg.n_layers, n_prompts, model.local_kv_heads, self.capacity, cfg.head_dim, dtype, device
+        )
+        logits = _prefill(model, input_ids, ctx, lens_t, self.cache)
+        self.cache.repeat_interleave(n)
+        self.logits = logits.repeat_interleave(n, dim=0)
+        self.lens = lens_t.repeat_interleave(n)
+        self.max_len = max(self.prompt_lens)
+        self.weights = DecodeWeights()  # decode-time projection weights, prepared once (kernels/weights.py)
+        n_seqs = n_prompts * n
+        self.keys = keys
+        self.live = torch.arange(n_seqs, device=device)  # row of the cache -> output sequence index
+        self.out_tokens = torch.zeros(n_seqs, max_new, dtype=torch.long, device=device)
+        self.out_logp = torch.zeros(n_seqs, max_new, dtype=torch.float32, device=device)
+        self.out_version = torch.zeros(n_seqs, max_new, dtype=torch.long, device=device)
+        self.gen_lens = torch.full((n_seqs,), max_new, dtype=torch.long, device=device)
+        self.step = 0  # tokens every live row has sampled so far
+
+    @property
+    def n_live(self) -> int:
+        """Answers still being decoded."""
+        return int(self.live.numel())
+
+    def advance(self, n: int | None = None, version: int = 0) -> int:
+        """Decode up to ``n`` more tokens per live answer (None: to the end), tagging them with
+        ``version``; the answers still live after it."""
+        g, eos, model, max_new = self.g, self.eos, self.model, self.g.max_new_tokens
+        stop = max_new if n is None else min(max_new, self.step + n)
+        with decode_attention_kernels(self.input_ids.device):
+            while self.step < stop and self.n_live:
+                step, live = self.step, self.live
+                tokens, logp = next_tokens(self.logits, g, eos, step, self.keys)
+                self.out_tokens[live, step] = tokens
+                self.out_logp[live, step] = logp
+                self.out_version[live, step] = version
+                self.step += 1
+                if step == max_new - 1:
+                    self.live = live[:0]
+                    break
+                if eos.numel() and not g.fixed_length:
+                    done = torch.isin(tokens, eos)
+                    if bool(done.any()):
+                        self.gen_lens[live[done]] = step + 1
+                        keep = (~done).nonzero().squeeze(-1)  # indices: one host sync, not one per tensor
+                        self.live, self.keys, tokens, self.lens = (
+                            live[keep],
+                            self.keys[keep],
+                            tokens[keep],
+                            self.lens[keep],
+                        )
+                        if keep.numel() == 0:
+                            break
+                        self.cache.select(keep)
+                        self.max_len = int(self.lens.max())  # the longest row may have finished: attend less
+                ctx = DecodeContext(self.cache, self.lens, self.max_len + 1, self.weights, self.impl)
+                h = model.hidden_states(tokens, ctx)
+                self.logits = linear(h, self.weights, model.head)
+                self.lens = self.lens + 1
+                self.max_len += 1
+        return self.n_live
+
+    def refresh(self) -> None:
+        """The model's weights changed: recompute the live answers' cache and next-token logits
+        from their prompt and the tokens sampled so far, under the new weights."""
+        if not self.n_live:
+            return
+        model, cfg, device = self.model, self.model.config, self.input_ids.device
+        prompts = torch.split(self.input_ids, self.prompt_lens)
+        rows = self.live.tolist()
+        seqs = [torch.cat([prompts[r // self.g.n], self.out_tokens[r, : self.step]]) for r in rows]
+        lens = [len(s) for s in seqs]
+        cu = torch.tensor([0, *lens], device=device).cumsum(0).int()
+        packed = torch.cat(seqs)
+        ctx = model.packed_context(packed, cu)
+        self.cache = KVCache(
+            cfg.n_layers, len(rows), model.local_kv_heads, self.capacity, cfg.head_dim, self.dtype, device
+        )
+        self.lens = torch.tensor(lens, device=device)
+        self.logits = _prefill(model, packed, ctx, self.lens, self.cache)
+        self.max_len = max(lens)
+        self.impl = ctx.impl
+        self.weights = DecodeWeights()  # the prepared projections were the old weights'
+
+    def output(self) -> GenerationOutput:
+        """The answers so far (all of them once ``advance`` has run to the end)."""
+        return _assemble(
+            self.input_ids,
+            self.prompt_lens,
+            self.g.n,
+            self.out_tokens,
+            self.out_logp,
+            self.gen_lens,
+            self.eos,
+        )
+
+    def token_versions(self) -> torch.Tensor:
+        """long [sum (L - 1)], aligned like ``output().logprobs``: the version that sampled each
+        answer token; a prompt target carries the version of its answer's first token."""
+        out, device = [], self.input_ids.device
+        for i, L in enumerate(self.gen_lens.tolist()):
+            p = self.prompt_lens[i // self.g.n]
+            v = self.out_version[i, :L]
+            out += [torch.full((p - 1,), int(v[0]) if L else 0, dtype=torch.long, device=device), v]
+        return torch.cat(out)
 
 
 def _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos) -> GenerationOutput:

@@ -245,6 +245,20 @@ class ReaLModel(nn.Module):
 
         return generate(self, input_ids, cu_seqlens, gconfig, eos_token_id, prompt_keys)
 
+    def start_generation(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        gconfig: GenerationHyperparameters,
+        eos_token_id: int | list[int] | None = None,
+        prompt_keys: torch.Tensor | None = None,
+    ):
+        """The prefilled, paused eager decoding (``nn.generation.EagerDecoding``) that
+        interruptible generation advances a few tokens at a time."""
+        from realrl.impl.model.nn.generation import start_decoding
+
+        return start_decoding(self, input_ids, cu_seqlens, gconfig, eos_token_id, prompt_keys)
+
     @classmethod
     def from_pretrained(
         cls,
