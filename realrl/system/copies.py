@@ -48,8 +48,7 @@ class CopyTracker:
     def plan(self, mfc: MFCDef, step: int | None = None) -> CopyPlan | None:
         """Record that ``mfc`` is being posted now (for training step ``step``; None for a call
         outside the steps, an evaluation's, whose version is not recorded); None when it runs at
-        its model's home. Under asynchronous RL a generate call's copy is kept, and refilled only when the
-        version it holds is more than ``max_staleness`` behind ``step``."""
+        its model's home. Under asynchronous RL a generate call's copy is kept between calls."""
         cfg, role = self.config, mfc.role
         home, placement = cfg.placement(role), cfg.call_placement(mfc.name)
         if placement == home:
@@ -61,10 +60,10 @@ class CopyTracker:
         name = copy_name(role, placement)
         filled = self.filled.get(name)
         ahead = cfg.async_rl is not None and mfc.interface_type is ModelInterfaceType.GENERATE
-        if ahead and step is not None:
-            realloc = filled is None or filled < step - cfg.async_rl.max_staleness
-        else:
-            realloc = filled != self.versions[role]
+        # under asynchronous RL the master posts a generate call of step k when exactly
+        # k - max_staleness training calls of its model are posted (VersionRule.ready): the copy
+        # then holds, or is refilled to, exactly that version
+        realloc = filled != self.versions[role]
         version = self.versions[role] if realloc else filled
         adapters_only = filled is not None and cfg.models[role].lora_rank > 0
         keep = cfg.models[role].keep_gen_copy or ahead

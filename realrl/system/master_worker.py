@@ -51,6 +51,7 @@ class Progress:
 
     def __init__(self, mfc_names: list[str]):
         self.calls_done = dict.fromkeys(mfc_names, 0)
+        self.calls_posted = dict.fromkeys(mfc_names, 0)  # steps whose call is posted (or restored)
         self.steps_done = 0
         self._waiters: list[asyncio.Future] = []
 
@@ -195,6 +196,7 @@ class MasterWorker:
         self.copies = CopyTracker(cfg, start_version=self.start_step)
         self.progress.steps_done = self.start_step
         self.progress.calls_done = dict.fromkeys(self.progress.calls_done, self.start_step)
+        self.progress.calls_posted = dict.fromkeys(self.progress.calls_posted, self.start_step)
         logger.info("resumed from the recover point after step %d", step)
 
     def _state_files(self, step: int) -> list[tuple[MFCDef, int, str]]:
@@ -298,28 +300,26 @@ class MasterWorker:
         checkpoint, which must see the model between the two steps, and never while waiting:
         before any wait, the pending call is finished (its outputs may be what is waited for)."""
         cfg = self.config
-        trains = self.versions.training_calls_of(mfc)
         replicas = cfg.call_placement(mfc.name).replicas()
         pending: tuple[int, PostedCall] | None = None
         pieces = self.versions.pieces(mfc)  # partial rollouts: tokens per piece of a generate call
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
-            ids = self._ready_inputs(mfc, step, trains)
+            ids = self._ready_inputs(mfc, step)
             if pending is not None and ids is None and not self._boundary_after(mfc, pending[0]):
-                ids = await self._inputs_before_reply(mfc, step, trains, pending[1])
+                ids = await self._inputs_before_reply(mfc, step, pending[1])
             if pending is not None and (ids is None or self._boundary_after(mfc, pending[0])):
                 await self._finish(mfc, *pending, clears)
                 pending = None
             if ids is None:
-                await self.progress.wait_for(
-                    lambda s=step: self.versions.ready(mfc, s, trains, self.progress.calls_done)
-                )
+                await self.progress.wait_for(lambda s=step: self._ready(mfc, s))
                 ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
             if pieces is not None:
-                await self._generate_in_pieces(mfc, step, ids, replicas, trains, pieces, clears)
+                await self._generate_in_pieces(mfc, step, ids, replicas, pieces, clears)
                 continue
             copy = self.copies.plan(mfc, step)
             posted = self.calls.post(mfc, step, ids, replicas, copy)
+            self._posted(mfc, step)
             if cfg.async_rl is not None and mfc.interface_type in IDLE_TIMED:  # behind a pending call: 0 s
                 last = self.last_reply.get(mfc.name) if pending is None else None
                 record_idle(self.records[step], mfc, last, time.monotonic())
@@ -337,7 +337,6 @@ class MasterWorker:
         step: int,
         ids: list,
         replicas: list[list[int]],
-        trains: list[str],
         tokens: int,
         clears: list[dict],
     ) -> None:
@@ -348,12 +347,14 @@ class MasterWorker:
         outputs and bookkeeping are those of one call."""
         record = self.records[step]
         posted = self.calls.post(mfc, step, ids, replicas, self.copies.plan(mfc, step), Segment(0, tokens))
+        self._posted(mfc, step)
         record_idle(record, mfc, self.last_reply.get(mfc.name), time.monotonic())
         result = await self.calls.finish(mfc, posted)
         index = 0
         while result.unfinished:
             record_realloc(record, mfc.role, result)
             index += 1
+            trains = self.versions.training_calls_of(mfc)
             done = (self.progress.calls_done[t] for t in trains)  # the model's finished versions
             finished = min(done, default=self.copies.versions[mfc.role])
             copy = self.copies.plan_continue(mfc, finished)
@@ -362,23 +363,31 @@ class MasterWorker:
         record[f"{mfc.name}/pieces"] = float(index + 1)
         await self._after_call(mfc, step, result, clears)
 
-    def _ready_inputs(self, mfc: MFCDef, step: int, trains: list[str]) -> list | None:
+    def _ready(self, mfc: MFCDef, step: int) -> bool:
+        """The parameter-version rule for ``mfc``'s call at ``step`` (``VersionRule.ready``)."""
+        p = self.progress
+        return self.versions.ready(mfc, step, p.calls_done, p.calls_posted, self.total_steps)
+
+    def _posted(self, mfc: MFCDef, step: int) -> None:
+        """``mfc``'s call at ``step`` is out: training calls waiting for it may go."""
+        self.progress.calls_posted[mfc.name] = step + 1
+        self.progress.notify()
+
+    def _ready_inputs(self, mfc: MFCDef, step: int) -> list | None:
         """The ids of ``mfc``'s call at ``step`` if it could be posted now without waiting (the
         version rule holds and its inputs are in the buffer), else None."""
-        if not self.versions.ready(mfc, step, trains, self.progress.calls_done):
+        if not self._ready(mfc, step):
             return None
         return self.buffer.take_ready(mfc.name, mfc.input_keys, mfc.n_seqs)
 
-    async def _inputs_before_reply(
-        self, mfc: MFCDef, step: int, trains: list[str], pending: PostedCall
-    ) -> list | None:
+    async def _inputs_before_reply(self, mfc: MFCDef, step: int, pending: PostedCall) -> list | None:
         """The ids of ``mfc``'s call at ``step`` if its inputs arrive before ``pending`` replies, else
         None. A worker answers a fetch queued behind the call it runs as soon as that call ends,
         so the batch often lands a moment after the previous call's reply: waiting for either
         keeps the next call queued behind the running one, whatever order the replies come in."""
         replies = list(pending.futures.values())
         while not all(f.done() for f in replies):
-            ids = self._ready_inputs(mfc, step, trains)
+            ids = self._ready_inputs(mfc, step)
             if ids is not None:
                 return ids
             # the replies still awaited only: one already in (a worker that only sent data) would
@@ -440,17 +449,18 @@ class MasterWorker:
         cfg, mfcs = self.config, self.sampling
         owners = cfg.data_workers()
         counts = self._per_rank_counts(len(owners))
-        trains = {m.name: self.versions.training_calls_of(m) for m in mfcs}
         sampler = DynamicSampler(cfg, self.stream, self.calls.tags, self.copies, self._prompt_batches_done())
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
             await self.progress.wait_for(
                 lambda s=step: (
                     s - self.progress.steps_done < self.versions.live_steps
-                    and all(self.versions.ready(m, s, trains[m.name], self.progress.calls_done) for m in mfcs)
+                    and all(self._ready(m, s) for m in mfcs)
                 )
             )
             sampled = await sampler.sample(step, self.steps_per_epoch, owners, counts)
+            for m in mfcs:
+                self._posted(m, step)
             record = {"step": step + 1, "epoch": sampled.epoch + 1, "timing": {}}
             record.update(sampled.stats(sampler.prompt_batches))
             self.records[step] = record

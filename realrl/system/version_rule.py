@@ -43,18 +43,38 @@ class VersionRule:
 
     def training_calls_of(self, mfc: MFCDef) -> list[str]:
         """The other training calls of ``mfc``'s model (the rule waits on them)."""
+        return self._calls_of(mfc, ModelInterfaceType.TRAIN_STEP)
+
+    def _calls_of(self, mfc: MFCDef, kind: ModelInterfaceType) -> list[str]:
         return [
             m.name
             for m in self.config.mfcs
-            if m.role == mfc.role and m.interface_type is ModelInterfaceType.TRAIN_STEP and m is not mfc
+            if m.role == mfc.role and m.interface_type is kind and m is not mfc
         ]
 
-    def ready(self, mfc: MFCDef, step: int, trains: list[str], calls_done: dict[str, int]) -> bool:
-        """Whether ``mfc``'s call at ``step`` may read its model's weights now: a training call
-        always may; another waits for ``trains`` (``training_calls_of(mfc)``) at ``step - 1 -
-        lead(mfc)``."""
+    def ready(
+        self,
+        mfc: MFCDef,
+        step: int,
+        calls_done: dict[str, int],
+        calls_posted: dict[str, int],
+        total_steps: int,
+    ) -> bool:
+        """Whether ``mfc``'s call at ``step`` may read (or, training, change) its model's weights
+        now. A non-training call waits for its model's training calls at ``step - 1 - lead(mfc)``
+        (``calls_done``: calls finished per MFC).
+
+        Under asynchronous RL a training call at ``step`` t also waits until every generate call
+        of its model up to step t + max_staleness has been posted (``calls_posted``): the weights
+        a generate call of step k reads are then exactly those of k - max_staleness training steps,
+        whatever the timing, so an asynchronous run is reproducible (and resumable exactly) like
+        a synchronous one. Those calls need only steps before t, so the wait never blocks."""
         if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
-            return True
+            if self.config.async_rl is None:
+                return True
+            upto = min(step + 1 + self.max_staleness, total_steps)
+            return all(calls_posted[g] >= upto for g in self._calls_of(mfc, ModelInterfaceType.GENERATE))
+        trains = self.training_calls_of(mfc)
         return all(calls_done[t] >= step - self.lead(mfc) for t in trains)
 
     def sampled_versions(

@@ -41,9 +41,10 @@ def test_a_kept_copy_is_refilled_only_after_its_model_trained(tmp_path):
 
 
 def test_asynchronous_generation_reuses_its_copy_within_the_staleness_bound(tmp_path):
-    """Under ``async_rl`` (max staleness 1) the generate call's copy is kept and refilled only when
-    the version it holds would be more than one step behind; the tracker records the version
-    every generate call sampled from (its samples' staleness is the training step minus it)."""
+    """Under ``async_rl`` (max staleness 1) the generate call's copy is kept between calls and
+    refilled once its model has trained since (the master posts the call of step k when k - 1
+    training calls are posted); the tracker records the version every generate call sampled from
+    (its samples' staleness is the training step minus it)."""
     from realrl.api.core.system_api import AsyncRL
     from realrl.system.copies import CopyTracker
 
@@ -58,7 +59,7 @@ def test_asynchronous_generation_reuses_its_copy_within_the_staleness_bound(tmp_
     assert first.realloc and not first.drop and first.version == 0  # kept, though keep_gen_copy is off
     assert not plan("gen", 1).realloc  # version 0 is one step behind step 1: allowed
     assert plan("actor_train", 0) is None
-    second = plan("gen", 2)  # version 0 would be two behind: refilled with the newest
+    second = plan("gen", 2)  # one training call posted: refilled with version 1
     assert second.realloc and second.version == 1
     assert tracker.versions_used == {("gen", 0): 0, ("gen", 1): 0, ("gen", 2): 1}
 
