@@ -8,6 +8,10 @@ Layout under the run folder:
   recover/step<k>/<role>/<mfc>.rank<r>.state.pt            a frozen role's stateful interface (e.g.
                                                            the reward normalisation fitted on the
                                                            first PPO batch), one file per rank
+  recover/step<k>/inflight/<mfc>.step<j>.json             asynchronous RL: a generate call of a step
+  recover/step<k>/inflight/<mfc>.step<j>.part<r>.pt        after k that sampled from weights older
+                                                           than the point's (its record; the answers
+                                                           of each data-parallel part)
   recover/step<k>/manifest.json                            every file of the point with its size:
                                                            written once every part is on disk, so
                                                            its presence marks the point complete
@@ -74,6 +78,33 @@ def recover_dir(run_dir: str, step: int, role: str) -> str:
 def state_file(run_dir: str, step: int, role: str, mfc: str, rank: int) -> str:
     """Where rank ``rank`` of the call ``mfc`` keeps its interface state (a frozen role)."""
     return os.path.join(recover_dir(run_dir, step, role), f"{mfc}.rank{rank}.state.pt")
+
+
+def inflight_dir(run_dir: str, step: int) -> str:
+    return os.path.join(step_dir(run_dir, step), "inflight")
+
+
+def inflight_record(run_dir: str, step: int, mfc: str, call_step: int) -> str:
+    """Where the master keeps what one in-flight generate call of the point of ``step`` reported."""
+    return os.path.join(inflight_dir(run_dir, step), f"{mfc}.step{call_step}.json")
+
+
+def inflight_part(run_dir: str, step: int, mfc: str, call_step: int, part: int) -> str:
+    """Where data-parallel part ``part`` of that call's answers is saved (by the part's first worker)."""
+    return os.path.join(inflight_dir(run_dir, step), f"{mfc}.step{call_step}.part{part}.pt")
+
+
+def read_inflight(run_dir: str, step: int) -> dict[tuple[str, int], dict]:
+    """(mfc, call step) -> record of every in-flight generate call the point of ``step`` holds."""
+    folder = inflight_dir(run_dir, step)
+    out = {}
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".json"):
+                with open(os.path.join(folder, name)) as f:
+                    record = json.load(f)
+                out[(record["mfc"], int(record["step"]))] = record
+    return out
 
 
 # -- which points exist --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ step k - 1, so the next ``actor_gen`` samples from the policy ``actor_train`` ju
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -19,17 +20,26 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.model_api import SAMPLES_KEY, FinetuneSpec
 from realrl.api.core.system_api import ExperimentConfig, model_worker_name
 from realrl.base import logging
+from realrl.impl.model.backend.integrity import write_json_atomic
 from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyTracker
 from realrl.system.dynamic_sampling import DynamicSampler, merged_result
-from realrl.system.function_call import CallDispatcher, CallResult, PostedCall, post_all, run_guarded
+from realrl.system.function_call import (
+    CallDispatcher,
+    CallResult,
+    PostedCall,
+    ReallocResult,
+    post_all,
+    run_guarded,
+)
 from realrl.system.protocol import (
     EvaluateRequest,
     FetchEvalRequest,
     FetchRequest,
     InitializeRequest,
     LoadRecoverRequest,
+    SamplesRequest,
     SaveRequest,
     Segment,
     SetupRequest,
@@ -103,6 +113,11 @@ class MasterWorker:
         self.state_mfcs: list[MFCDef] = []
         self.recover_saved: dict[int, set[str]] = {}  # step -> parts saved (trained roles' MFCs, state_mfcs)
         self.recover_ready: list[int] = []  # every part saved, waiting for their steps' records
+        # asynchronous RL: the generate calls of the last steps (their parts and results), so a
+        # recover point can keep the answers drawn from weights older than its own; and, resuming,
+        # the calls whose answers it kept
+        self.generated: dict[tuple[str, int], tuple[list[list[int]], list[list], CallResult]] = {}
+        self.restore: dict[tuple[str, int], dict] = {}
         self.stats_path = os.path.join(config.run_dir, "stats.jsonl")
         # a few decoded prompts, completions and rewards per step, one line per step
         self.samples_path = os.path.join(config.run_dir, "samples.jsonl")
@@ -194,6 +209,7 @@ class MasterWorker:
         await post_all(self.stream, requests, "load_recover", cfg.timeouts.setup)
         self.start_step = min(step, self.total_steps)
         self.copies = CopyTracker(cfg, start_version=self.start_step)
+        self.restore = checkpointing.read_inflight(cfg.run_dir, step) if cfg.async_rl is not None else {}
         self.progress.steps_done = self.start_step
         self.progress.calls_done = dict.fromkeys(self.progress.calls_done, self.start_step)
         self.progress.calls_posted = dict.fromkeys(self.progress.calls_posted, self.start_step)
@@ -305,6 +321,13 @@ class MasterWorker:
         pieces = self.versions.pieces(mfc)  # partial rollouts: tokens per piece of a generate call
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
+            if (mfc.name, step) in self.restore:  # answers a recover point kept: no generation
+                if pending is not None:
+                    await self._finish(mfc, *pending, clears)
+                    pending = None
+                ids = await self.buffer.take(mfc.name, mfc.input_keys, mfc.n_seqs)
+                await self._restore_generation(mfc, step, ids, clears)
+                continue
             ids = self._ready_inputs(mfc, step)
             if pending is not None and ids is None and not self._boundary_after(mfc, pending[0]):
                 ids = await self._inputs_before_reply(mfc, step, pending[1])
@@ -360,7 +383,8 @@ class MasterWorker:
             copy = self.copies.plan_continue(mfc, finished)
             posted = self.calls.post(mfc, step, ids, replicas, copy, Segment(index, tokens))
             result = result.then(await self.calls.finish(mfc, posted))
-        record[f"{mfc.name}/pieces"] = float(index + 1)
+        result.stats["pieces"] = float(index + 1)
+        self._remember_generation(mfc, step, posted, result)
         await self._after_call(mfc, step, result, clears)
 
     def _ready(self, mfc: MFCDef, step: int) -> bool:
@@ -419,7 +443,16 @@ class MasterWorker:
         """Wait for the call's replies, then what follows it: evaluation and checkpoints of a
         trained model, freeing samples every MFC is done with (not waited for: the clear
         requests' replies are checked as they come and at the end), the step's record."""
-        await self._after_call(mfc, step, await self.calls.finish(mfc, posted), clears)
+        result = await self.calls.finish(mfc, posted)
+        self._remember_generation(mfc, step, posted, result)
+        await self._after_call(mfc, step, result, clears)
+
+    def _remember_generation(self, mfc: MFCDef, step: int, posted: PostedCall, result: CallResult) -> None:
+        """Keep what a recover point needs of an asynchronous generate call (``_save_inflight``)."""
+        if self.config.async_rl is not None and mfc.interface_type is ModelInterfaceType.GENERATE:
+            self.generated[(mfc.name, step)] = (posted.replicas, [list(p.ids) for p in posted.parts], result)
+            for key in [k for k in self.generated if k[1] < self.progress.steps_done]:
+                del self.generated[key]  # trained on, and older than any recover point still to come
 
     async def _after_call(self, mfc: MFCDef, step: int, result: CallResult, clears: list[dict]) -> None:
         """What follows a finished call (``_finish``)."""
@@ -570,7 +603,95 @@ class MasterWorker:
             path = checkpointing.recover_dir(cfg.run_dir, steps_done, role)
             req = SaveRequest(role, "recover", path, mfc.name, steps_done)
             await post_all(self.stream, dict.fromkeys(workers, req), "save", cfg.timeouts.request)
+            await self._save_inflight(role, steps_done)
             self._recover_part_saved(steps_done, mfc.name)
+
+    async def _save_inflight(self, role: str, steps_done: int) -> None:
+        """Asynchronous RL: the answers of the generate calls of ``role`` at steps ``steps_done`` ..
+        ``steps_done + max_staleness - 1`` go into the recover point of ``steps_done``. They were
+        drawn from weights older than the point's (version k - max_staleness for step k), which a
+        resumed run could not draw again; with them it trains on exactly the samples the
+        uninterrupted run would have. Their calls are all posted by now (``VersionRule.ready``);
+        this waits for them to finish."""
+        cfg = self.config
+        if cfg.async_rl is None:
+            return
+        upto = min(steps_done + self.versions.max_staleness, self.total_steps)
+        gens = [
+            m
+            for m in cfg.mfcs
+            if m.role == role and m.interface_type is ModelInterfaceType.GENERATE and m not in self.sampling
+        ]
+        for m in gens:
+            await self.progress.wait_for(lambda m=m: self.progress.calls_done[m.name] >= upto)
+            for k in range(steps_done, upto):
+                await self._save_generation(m, k, steps_done)
+
+    async def _save_generation(self, mfc: MFCDef, call_step: int, steps_done: int) -> None:
+        cfg = self.config
+        replicas, part_ids, result = self.generated[(mfc.name, call_step)]
+        record = {
+            "mfc": mfc.name,
+            "step": call_step,
+            "version": self.copies.versions_used.get((mfc.name, call_step)),
+            "parts": [],
+            "stats": result.stats,
+            "rank_stats": result.rank_stats,
+            "samples": result.samples,
+            "n_tokens": result.n_tokens,
+            "seconds": result.seconds,
+            "realloc": None if result.realloc is None else dataclasses.asdict(result.realloc),
+        }
+        requests = {}
+        for r, (workers, ids) in enumerate(zip(replicas, part_ids)):
+            path = checkpointing.inflight_part(cfg.run_dir, steps_done, mfc.name, call_step, r)
+            requests[workers[0]] = SamplesRequest(
+                path, self.buffer.gather_meta(ids, mfc.output_keys), steps_done
+            )
+            record["parts"].append(
+                {"workers": list(workers), "ids": list(ids), "file": os.path.basename(path)}
+            )
+        await post_all(self.stream, requests, "samples", cfg.timeouts.request)
+        write_json_atomic(checkpointing.inflight_record(cfg.run_dir, steps_done, mfc.name, call_step), record)
+
+    async def _restore_generation(self, mfc: MFCDef, step: int, ids: list, clears: list[dict]) -> None:
+        """A generate call whose answers the resumed recover point kept (``_save_inflight``): every
+        worker of each part reads them back, and the call counts as run with its saved report."""
+        cfg = self.config
+        record = self.restore.pop((mfc.name, step))
+        saved = [sid for part in record["parts"] for sid in part["ids"]]
+        if list(ids) != saved:
+            raise checkpointing.RecoverPointError(
+                f"the answers kept for {mfc.name!r} at step {step} are for samples {saved[:4]}..., but "
+                f"this run's batch holds {list(ids)[:4]}... (was the dataset changed?)",
+                self.start_step,
+            )
+        folder = checkpointing.inflight_dir(cfg.run_dir, self.start_step)
+        requests = {
+            w: SamplesRequest(os.path.join(folder, part["file"]), None, self.start_step)
+            for part in record["parts"]
+            for w in part["workers"]
+        }
+        replies = await post_all(self.stream, requests, "samples", cfg.timeouts.request)
+        for part in record["parts"]:
+            head, *others = part["workers"]
+            self.buffer.update(replies[head], owner=head)
+            for w in others:
+                self.buffer.add_owner(part["ids"], mfc.output_keys, w)
+        self.copies.versions_used[(mfc.name, step)] = record["version"]
+        self._posted(mfc, step)
+        result = CallResult(
+            ids=list(ids),
+            stats=dict(record["stats"]),
+            seconds=float(record["seconds"]),
+            n_tokens=int(record["n_tokens"]),
+            samples=record["samples"],
+            rank_stats=record["rank_stats"],
+            realloc=None if record["realloc"] is None else ReallocResult(**record["realloc"]),
+        )
+        replicas = [part["workers"] for part in record["parts"]]
+        self.generated[(mfc.name, step)] = (replicas, [part["ids"] for part in record["parts"]], result)
+        await self._after_call(mfc, step, result, clears)
 
     async def _save_state(self, mfc: MFCDef, steps_done: int) -> None:
         """A frozen role's interface state after its call of step ``steps_done - 1``, on every

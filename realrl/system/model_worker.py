@@ -43,6 +43,7 @@ from realrl.system.protocol import (
     MFCCall,
     MFCReply,
     MFCRequest,
+    SamplesRequest,
     SaveRequest,
     SetupReply,
     SetupRequest,
@@ -122,6 +123,7 @@ class ModelWorker(WorkerBase):
             "load_recover": self.load_recover,
             "evaluate": self.evaluate,
             "fetch_eval": self.fetch_eval,
+            "samples": self.samples,
         }
 
     def before_exit(self) -> None:
@@ -317,6 +319,15 @@ class ModelWorker(WorkerBase):
         else:
             raise ValueError(f"unknown checkpoint kind {req.kind!r}")
         logger.info("%s saved %s (%s) to %s", self.name, req.role, req.kind, req.path)
+
+    def samples(self, req: SamplesRequest) -> SequenceSample | None:
+        """Save samples of the store to a recover point, or load them back (``SamplesRequest``)."""
+        if req.meta is not None:
+            recover_state.save_samples(self.store.assemble(req.meta), req.path, req.step)
+            return None
+        sample = recover_state.load_samples(req.path, req.step)
+        self.store.put(sample)
+        return sample.meta()
 
     def evaluate(self, req: EvaluateRequest) -> dict[str, float]:
         batches = self.eval_batches.get(req.role, [])

@@ -68,6 +68,17 @@ class SaveRequest:
 
 
 @dataclasses.dataclass
+class SamplesRequest:
+    """Write to ``path`` the samples ``meta`` names (ids, keys, lengths) from this worker's store, or
+    (``meta`` None) read them back into it: a generate call's answers in flight at a recover point
+    (asynchronous RL). ``step``: the recover point's, for error messages."""
+
+    path: str
+    meta: SequenceSample | None = None
+    step: int | None = None
+
+
+@dataclasses.dataclass
 class EvaluateRequest:
     role: str
     interface: str  # the MFC whose interface evaluates the model

@@ -7,6 +7,7 @@ import dataclasses
 import os
 from typing import Any
 
+from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import Model, ModelInterface
 from realrl.impl.model.backend.checkpoint import load_state, save_state
 from realrl.system.checkpointing import RecoverPointError
@@ -79,3 +80,40 @@ def load_interface_state(interface: ModelInterface, path: str, role: str, step: 
     except (OSError, RuntimeError) as e:
         raise RecoverPointError(f"cannot load {path} ({type(e).__name__}: {e})", step, role) from e
     interface.load_state_dict(state)
+
+
+def save_samples(sample: SequenceSample, path: str, step: int | None = None) -> None:
+    """Samples with their data (a generate call's answers in flight at a recover point), written
+    through a temporary file and renamed; nothing in it runs code when read back."""
+    state = {
+        "ids": list(sample.ids),
+        "keys": sorted(sample.keys),
+        "trailing_shapes": {k: list(v) for k, v in sample.trailing_shapes.items()},
+        "dtypes": dict(sample.dtypes),
+        "seqlens": {k: [list(r) for r in v] for k, v in sample.seqlens.items()},
+        "data": {k: v for k, v in sample.data.items() if v is not None},
+        "metadata": {k: list(v) for k, v in sample.metadata.items()},
+    }
+    tmp = path + ".tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        save_state(state, tmp, "the samples in flight")
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        raise RecoverPointError(f"cannot write {path} ({type(e).__name__}: {e})", step) from e
+
+
+def load_samples(path: str, step: int | None = None) -> SequenceSample:
+    try:
+        state: Any = load_state(path)
+    except (OSError, RuntimeError) as e:
+        raise RecoverPointError(f"cannot load {path} ({type(e).__name__}: {e})", step) from e
+    return SequenceSample(
+        keys=set(state["keys"]),
+        trailing_shapes={k: tuple(v) for k, v in state["trailing_shapes"].items()},
+        dtypes=state["dtypes"],
+        ids=state["ids"],
+        seqlens=state["seqlens"],
+        data=state["data"],
+        metadata=state["metadata"],
+    )

@@ -47,14 +47,24 @@ def fileroot(tmp_path_factory):
     return str(tmp_path_factory.mktemp("resume"))
 
 
-def overrides(name: str, fileroot: str, trial: str) -> list[str]:
-    return [f"fileroot={fileroot}", f"trial_name={trial}", *SHORT, *EXTRA[name]]
+# generation on worker 1 up to 2 steps ahead of training on worker 0
+ASYNC = ['allocation_mode="actor_gen:d1m1p1@1,*:d1m1p1"', "async_rl.enabled=true", "async_rl.max_staleness=2"]
+
+
+def overrides(name: str, fileroot: str, trial: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return [f"fileroot={fileroot}", f"trial_name={trial}", *SHORT, *EXTRA[name], *extra]
 
 
 def records(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "stats.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    return [{k: v for k, v in r.items() if k not in WALL_CLOCK and not k.endswith("seconds")} for r in rows]
+    return [{k: v for k, v in r.items() if not wall_clock(k)} for r in rows]
+
+
+def wall_clock(key: str) -> bool:
+    """What may differ between two runs with the same numbers: times (asynchronous RL's idle
+    times among them)."""
+    return key in WALL_CLOCK or key.endswith("seconds") or key.startswith("async/idle_s/")
 
 
 def final_files(run_dir: str) -> dict[str, str]:
@@ -66,10 +76,10 @@ def final_files(run_dir: str) -> dict[str, str]:
     return {os.path.relpath(f, root): f for f in sorted(files)}
 
 
-def kill_after_a_recover_point(name: str, fileroot: str, trial: str) -> int:
+def kill_after_a_recover_point(name: str, fileroot: str, trial: str, extra: tuple[str, ...] = ()) -> int:
     """Start the CLI, SIGKILL its process group as soon as a recover point is marked; return the
     step that point holds."""
-    cmd = [sys.executable, "-m", "realrl.apps.quickstart", name, *overrides(name, fileroot, trial)]
+    cmd = [sys.executable, "-m", "realrl.apps.quickstart", name, *overrides(name, fileroot, trial, extra)]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     latest = os.path.join(fileroot, name, trial, "recover", "latest.json")
     deadline = time.monotonic() + 300
@@ -97,15 +107,17 @@ def assert_same_run(a: str, b: str) -> None:
             torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=0, msg=f"{rel}: {k}")
 
 
-def resumes_exactly(name: str, fileroot: str) -> None:
-    straight = build_config(name, overrides(name, fileroot, "straight"))
+def resumes_exactly(name: str, fileroot: str, extra: tuple[str, ...] = (), label: str = "") -> int:
+    """Run straight, then killed and resumed; the same records and weights. The step resumed from."""
+    straight = build_config(name, overrides(name, fileroot, f"{label}straight", extra))
     run_quickstart(name, straight)
-    step = kill_after_a_recover_point(name, fileroot, "killed")
+    step = kill_after_a_recover_point(name, fileroot, f"{label}killed", extra)
     assert 0 < step < STEPS
-    resumed = build_config(name, [*overrides(name, fileroot, "killed"), "recover_mode=resume"])
+    resumed = build_config(name, [*overrides(name, fileroot, f"{label}killed", extra), "recover_mode=resume"])
     summary = run_quickstart(name, resumed)
     assert summary["steps"] == STEPS - step  # it did resume: only the steps after the point ran
     assert_same_run(straight.run_dir, resumed.run_dir)
+    return step
 
 
 @pytest.mark.parametrize("name", ["sft", "ppo"])
@@ -116,6 +128,23 @@ def test_a_killed_run_resumes_to_the_same_records_and_weights(fileroot, name):
     if name == "ppo":
         point = os.path.join(fileroot, "ppo", "killed", "recover", f"step{STEPS}")
         assert os.path.isfile(os.path.join(point, "reward", "rew_inf.rank0.state.pt"))
+
+
+def test_an_asynchronous_run_resumes_to_the_same_records_and_weights(fileroot):
+    """Asynchronous GRPO (generation 2 steps ahead on its own worker): the answers drawn from
+    weights older than the recover point's come from the point itself, so the resumed run trains
+    on exactly the samples the uninterrupted one did."""
+    resumes_exactly("grpo", fileroot, ASYNC, "async-")
+    recover = os.path.join(fileroot, "grpo", "async-killed", "recover")
+    points = sorted(int(d[len("step") :]) for d in os.listdir(recover) if d.startswith("step"))
+    assert [p for p in points if p < STEPS]  # a point before the end, holding answers in flight
+    for p in points:  # the calls of steps p .. p + 1 sampled from weights older than p's
+        kept = os.listdir(os.path.join(recover, f"step{p}", "inflight")) if p < STEPS else []
+        expected = range(p, min(p + 2, STEPS))
+        assert sorted(f for f in kept if f.endswith(".json")) == [f"actor_gen.step{k}.json" for k in expected]
+        assert sorted(f for f in kept if f.endswith(".pt")) == [
+            f"actor_gen.step{k}.part0.pt" for k in expected
+        ]
 
 
 @pytest.mark.slow
