@@ -6,15 +6,25 @@ reallocation, ReaL: "Efficient RLHF Training of Large Language Models with Param
 Reallocation"). A worker runs its requests in the order the master posts them, so what the
 master records at posting time is exactly what each worker will hold when it reaches the call:
 a copy is current when no training call of its model was posted since it was filled.
+
+Weight pushes (asynchronous RL, copies on workers of their own, host-memory messages): after each
+training call, its workers post the sends of the new weights to the generation copy at once and
+go on; the copy's next call receives every version pushed since its last (the newest lands last).
+A training worker then never waits for a busy generation worker, nor the reverse.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Placement
 from realrl.api.core.system_api import ExperimentConfig, copy_name
+from realrl.system.protocol import ReallocOrder
+
+if TYPE_CHECKING:
+    from realrl.system.function_call import TagCounter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +41,7 @@ class CopyPlan:
     drop: bool
     adapters_only: bool = False
     version: int = 0  # the model version the copy holds for the call (training steps behind it)
+    receives: tuple[ReallocOrder, ...] = ()  # weight pushes the copy takes first, oldest first
 
 
 class CopyTracker:
@@ -38,12 +49,59 @@ class CopyTracker:
     the version a generate call samples from is its samples' ``behav_version``, and the
     difference to the version that trains on them their staleness (asynchronous RL)."""
 
-    def __init__(self, config: ExperimentConfig, start_version: int = 0):
+    def __init__(self, config: ExperimentConfig, tags: TagCounter, start_version: int = 0):
         self.config = config
+        self.tags = tags  # the dispatcher's: a push's messages need tags unique among live ones
         # training calls posted per model (a resumed run starts at the step it resumed from)
         self.versions = dict.fromkeys(config.allocations, start_version)
         self.filled: dict[str, int] = {}  # live copy -> the version it was filled at
         self.versions_used: dict[tuple[str, int], int] = {}  # (mfc, step) -> the version it ran on
+        self.pushed: dict[str, list[ReallocOrder]] = {}  # copy -> pushes it has not received yet
+
+    def push_placements(self, role: str) -> list[Placement]:
+        """The generation copies of ``role`` its training calls push to: under asynchronous RL, on
+        workers apart from home, with messages through host memory (``device=cpu``; over NCCL the
+        copies are refilled by an ordinary reallocation)."""
+        cfg = self.config
+        if cfg.async_rl is None or cfg.device != "cpu":
+            return []
+        home, out = cfg.placement(role), []
+        for m in cfg.mfcs:
+            p = cfg.call_placement(m.name)
+            if m.role == role and m.interface_type is ModelInterfaceType.GENERATE and p not in out:
+                if not set(p.workers) & set(home.workers):
+                    out.append(p)
+        return out
+
+    def weight_pushes(self, mfc: MFCDef, total_steps: int) -> list[ReallocOrder]:
+        """The pushes the training call ``mfc`` sends once done (after ``plan`` counted it): one
+        per push copy, when a generate call will sample from the version it makes (version v
+        serves the call of step v + max_staleness), none otherwise. Every push is received by
+        the copy's next call (``plan``)."""
+        cfg, role = self.config, mfc.role
+        if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP or cfg.async_rl is None:
+            return []
+        version = self.versions[role]
+        if version + cfg.async_rl.max_staleness >= total_steps:
+            return []
+        orders = []
+        for placement in self.push_placements(role):
+            adapters_only = cfg.models[role].lora_rank > 0  # the first fill, a reallocation, brought the base
+            order = ReallocOrder(role, cfg.placement(role), placement, self.tags.next, adapters_only, version)
+            self.tags.take(order.n_tags)
+            self.pushed.setdefault(copy_name(role, placement), []).append(order)
+            orders.append(order)
+        return orders
+
+    def _receive(self, name: str, up_to: int) -> tuple[ReallocOrder, ...]:
+        """The pushes to copy ``name`` of versions up to ``up_to``, taken out of the record; the
+        copy holds the newest of them once received."""
+        waiting = self.pushed.get(name, [])
+        taken = tuple(o for o in waiting if o.version <= up_to)
+        self.pushed[name] = [o for o in waiting if o.version > up_to]
+        if taken:
+            self.filled[name] = taken[-1].version
+        return taken
 
     def plan(self, mfc: MFCDef, step: int | None = None) -> CopyPlan | None:
         """Record that ``mfc`` is being posted now (for training step ``step``; None for a call
@@ -58,6 +116,7 @@ class CopyTracker:
                 self.versions_used[(mfc.name, step)] = self.versions[role]
             return None
         name = copy_name(role, placement)
+        receives = self._receive(name, self.versions[role]) if name in self.filled else ()
         filled = self.filled.get(name)
         ahead = cfg.async_rl is not None and mfc.interface_type is ModelInterfaceType.GENERATE
         # under asynchronous RL the master posts a generate call of step k when exactly
@@ -74,7 +133,15 @@ class CopyTracker:
         if step is not None:
             self.versions_used[(mfc.name, step)] = version
         return CopyPlan(
-            role, home, placement, name, realloc, drop=not keep, adapters_only=adapters_only, version=version
+            role,
+            home,
+            placement,
+            name,
+            realloc,
+            drop=not keep,
+            adapters_only=adapters_only,
+            version=version,
+            receives=receives,
         )
 
     def plan_continue(self, mfc: MFCDef, finished: int) -> CopyPlan | None:
@@ -88,8 +155,9 @@ class CopyTracker:
         if placement == home:
             return None
         name = copy_name(role, placement)
-        filled = self.filled[name]
-        realloc = filled < self.versions[role] == finished
+        receives = self._receive(name, finished)  # pushed versions whose training is done
+        # with pushes the newest finished version comes pushed (above), or later
+        realloc = not self.push_placements(role) and self.filled[name] < self.versions[role] == finished
         if realloc:
             self.filled[name] = self.versions[role]
         adapters_only = cfg.models[role].lora_rank > 0
@@ -102,4 +170,5 @@ class CopyTracker:
             drop=False,
             adapters_only=adapters_only,
             version=self.filled[name],
+            receives=receives,
         )

@@ -78,31 +78,28 @@ class PendingSends:
     """Sends a worker posted and did not wait for: the worker goes on with its next request while
     the receiver takes the tensor whenever it gets there. A sender that waited would idle until
     a busy receiver (a training worker) reached its half, and under asynchronous RL a generation
-    worker would stop generating for it. Each send's wire tensor is held until it completes; a
-    send still incomplete after ``timeout`` seconds is an error naming its piece."""
+    worker would stop generating for it. Each send's buffer is held until it completes; a send
+    still incomplete after ``timeout`` seconds is an error naming what it carried."""
 
     def __init__(self, timeout: float):
         self.timeout = timeout
-        self.live: list[tuple[Any, torch.Tensor, TransferPiece | PushOrder, float]] = []
+        self.live: list[tuple[Any, torch.Tensor, str, float]] = []
 
     def __len__(self) -> int:
         return len(self.live)
 
-    def add(self, work: Any, wire: torch.Tensor, piece: TransferPiece | PushOrder) -> None:
-        self.live.append((work, wire, piece, time.monotonic() + self.timeout))
+    def add(self, work: Any, buf: torch.Tensor, what: str, dst: int) -> None:
+        self.live.append((work, buf, f"{what} to worker {dst}", time.monotonic() + self.timeout))
 
     def reap(self) -> None:
         """Forget the completed sends; raise for one past its deadline."""
         now, keep = time.monotonic(), []
         for entry in self.live:
-            work, _, piece, deadline = entry
+            work, _, what, deadline = entry
             if work.is_completed():
                 work.wait()  # raises a send that failed
             elif now > deadline:
-                raise TimeoutError(
-                    f"sending {piece.key!r} of {len(piece.ids)} samples to worker {piece.dst} "
-                    f"(tag {piece.tag}) did not complete in {self.timeout:.0f} s"
-                )
+                raise TimeoutError(f"sending {what} did not complete in {self.timeout:.0f} s")
             else:
                 keep.append(entry)
         self.live = keep
@@ -132,7 +129,7 @@ def run_transfers(
                 wire = _wire(store.get(p.ids, p.key))
                 work = dist.isend(wire, dst=p.dst, tag=p.tag)
                 if sends is not None:
-                    sends.add(work, wire, p)
+                    sends.add(work, wire, f"{p.key!r} of {len(p.ids)} samples (tag {p.tag})", p.dst)
                 else:
                     works.append(work)
         else:
@@ -158,4 +155,5 @@ def push_outputs(store: TensorStore, orders: Sequence[PushOrder], sends: Pending
     for order in orders:
         wire = _wire(store.get(order.ids, order.key))
         if wire.shape[0]:  # the receiver posts nothing for an empty piece either
-            sends.add(dist.isend(wire, dst=order.dst, tag=order.tag), wire, order)
+            what = f"{order.key!r} of {len(order.ids)} samples (tag {order.tag})"
+            sends.add(dist.isend(wire, dst=order.dst, tag=order.tag), wire, what, order.dst)

@@ -91,7 +91,7 @@ class PostedCall:
     futures: dict[int, asyncio.Future]
     n_tokens: int
     tik: float
-    realloc: ReallocOrder | None = None
+    realloc: ReallocOrder | None = None  # the weights moved for the call (reallocated or pushed)
 
 
 class CallDispatcher:
@@ -122,12 +122,14 @@ class CallDispatcher:
         replicas: list[list[int]],
         copy: CopyPlan | None = None,
         segment: Segment | None = None,
+        push_weights: list[ReallocOrder] | None = None,
     ) -> PostedCall:
         """Post ``mfc`` on ``ids`` (already taken from the buffer) to every worker of each of its dp
         ranks (``replicas[d]``), in one synchronous burst; nothing is awaited. ``copy``: the call
         runs on a copy of its model, filled from home first when ``copy.realloc``. ``segment``: a
         piece of a generate call decoded in pieces; after the first, the workers hold the inputs
-        already and nothing is moved but the weights."""
+        already and nothing is moved but the weights. ``push_weights``: a training call's weight
+        pushes (``CopyTracker.weight_pushes``), sent by its workers once it is done."""
         tik = time.monotonic()
         buffer, tags = self.buffer, self.tags
         meta = buffer.gather_meta(ids, mfc.input_keys)
@@ -141,6 +143,9 @@ class CallDispatcher:
             tags.take(order.n_tags)
             for w in order.workers:
                 requests[w] = MFCRequest([], realloc=order)
+        for received in copy.receives if copy is not None else ():
+            for w in received.dst.workers:  # the sources sent when their training call ended
+                requests.setdefault(w, MFCRequest([])).weight_receives.append(received)
         for dp_rank, (workers, part) in enumerate(zip(replicas, parts)):
             for w in workers:
                 if segment is not None and segment.index > 0:
@@ -155,6 +160,9 @@ class CallDispatcher:
                 requests[w].call = MFCCall(
                     mfc.name, step, dp_rank, part, copy and copy.name, bool(copy and copy.drop), segment
                 )
+        for w in requests:
+            if requests[w].call is not None and push_weights:
+                requests[w].call.push_weights = [o for o in push_weights if w in o.src.workers]
         if self.push_targets is not None and (segment is None or segment.index == 0):
             self._plan_pushes(mfc, replicas, parts, requests)
         futures = {
@@ -162,7 +170,8 @@ class CallDispatcher:
             for w, req in sorted(requests.items())
         }
         n_tokens = sum(meta.token_counts())
-        return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, n_tokens, tik, order)
+        moved = order or (copy.receives[-1] if copy is not None and copy.receives else None)
+        return PostedCall(list(ids), [list(r) for r in replicas], parts, futures, n_tokens, tik, moved)
 
     def _plan_pushes(self, mfc: MFCDef, replicas: list[list[int]], parts: list, requests: dict) -> None:
         """Attach to each dp rank's head the pushes of its outputs to the workers reading them, and
@@ -226,7 +235,8 @@ def _describe(mfc: MFCDef, step: int, req: MFCRequest) -> str:
 def _realloc_result(order: ReallocOrder | None, replies: dict[int, MFCReply]) -> ReallocResult | None:
     if order is None:
         return None
-    reports = [replies[w].realloc or {} for w in order.workers]
+    # a pushed version's sources sent it with their training call: only its receivers report here
+    reports = [replies[w].realloc or {} for w in order.workers if w in replies]
     return ReallocResult(
         move=f"{order.src} -> {order.dst}",
         bytes=int(sum(r.get("bytes_received", 0) for r in reports)),

@@ -100,7 +100,7 @@ class MasterWorker:
         # asynchronous RL: calls push their outputs to the workers reading them (transfer_plan)
         pushes = push_targets(config) if config.async_rl is not None else None
         self.calls = CallDispatcher(self.buffer, stream, config.timeouts.request, push_targets=pushes)
-        self.copies = CopyTracker(config)
+        self.copies = CopyTracker(config, self.calls.tags)
         self.versions = VersionRule(config)
         self.last_reply: dict[str, float] = {}  # MFC -> when its last call replied (idle times)
         self.records: dict[int, dict] = {}
@@ -208,7 +208,7 @@ class MasterWorker:
             requests.setdefault(w, LoadRecoverRequest({}, step=step)).states[mfc.name] = path
         await post_all(self.stream, requests, "load_recover", cfg.timeouts.setup)
         self.start_step = min(step, self.total_steps)
-        self.copies = CopyTracker(cfg, start_version=self.start_step)
+        self.copies = CopyTracker(cfg, self.calls.tags, start_version=self.start_step)
         self.restore = checkpointing.read_inflight(cfg.run_dir, step) if cfg.async_rl is not None else {}
         self.progress.steps_done = self.start_step
         self.progress.calls_done = dict.fromkeys(self.progress.calls_done, self.start_step)
@@ -341,7 +341,8 @@ class MasterWorker:
                 await self._generate_in_pieces(mfc, step, ids, replicas, pieces, clears)
                 continue
             copy = self.copies.plan(mfc, step)
-            posted = self.calls.post(mfc, step, ids, replicas, copy)
+            pushes = self.copies.weight_pushes(mfc, self.total_steps)
+            posted = self.calls.post(mfc, step, ids, replicas, copy, push_weights=pushes)
             self._posted(mfc, step)
             if cfg.async_rl is not None and mfc.interface_type in IDLE_TIMED:  # behind a pending call: 0 s
                 last = self.last_reply.get(mfc.name) if pending is None else None

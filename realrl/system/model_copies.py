@@ -21,7 +21,14 @@ from realrl.api.core.system_api import ModelShardSpec, copy_name
 from realrl.api.quickstart.memory_plan import model_config
 from realrl.impl.model.backend.config import EngineConfig, coerce
 from realrl.impl.model.backend.engine import InferenceEngine
-from realrl.impl.model.comm.realloc import build_copy, model_param_specs, reallocate, side_for
+from realrl.impl.model.comm.realloc import (
+    build_copy,
+    model_param_specs,
+    post_sends,
+    reallocate,
+    receive,
+    side_for,
+)
 from realrl.impl.model.comm.realloc_plan import ReallocPlan, plan_realloc
 from realrl.impl.model.parallel.mesh import ParallelContext
 from realrl.system.protocol import ReallocOrder
@@ -81,6 +88,38 @@ class ModelCopies:
             "bytes_received": stats.bytes_received,
             "seconds": stats.seconds,
             "wait_seconds": waited,
+        }
+
+    def send_weights(self, order: ReallocOrder, home: model_api.Model) -> list[tuple[Any, Any, int]]:
+        """The send half of a weight push (asynchronous RL): post this home rank's messages to the
+        copy ``order`` names and return (work, buffer, peer) for each, not waited for."""
+        name = copy_name(order.role, order.dst)
+        plan = self._plan(order, name, self.specs[order.role])
+        group = self.groups[tuple(order.workers)]
+        return post_sends(plan, self.me, home.module.module, order.first_tag, group=group)
+
+    def receive_weights(self, order: ReallocOrder, tokenizer: Any) -> dict[str, float]:
+        """The receive half of a weight push: the copy (built on its first fill) takes the version
+        ``order`` carries. Bytes received and seconds, as ``reallocate`` reports them."""
+        name = copy_name(order.role, order.dst)
+        if name not in self.live:
+            self.live[name] = self._build(order.role, name, tokenizer)
+        plan = self._plan(order, name, self.specs[order.role])
+        group = self.groups[tuple(order.workers)]
+        stats = receive(
+            plan,
+            self.me,
+            self.live[name].module.module,
+            self.timeout.total_seconds(),
+            order.first_tag,
+            group=group,
+        )
+        self.live[name].version.global_step = order.version
+        return {
+            "bytes_sent": 0,
+            "bytes_received": stats.bytes_received,
+            "seconds": stats.seconds,
+            "wait_seconds": 0.0,
         }
 
     def _plan(self, order: ReallocOrder, name: str, spec: Any) -> ReallocPlan:

@@ -43,6 +43,7 @@ from realrl.system.protocol import (
     MFCCall,
     MFCReply,
     MFCRequest,
+    ReallocOrder,
     SamplesRequest,
     SaveRequest,
     SetupReply,
@@ -354,7 +355,10 @@ class ModelWorker(WorkerBase):
         return reply
 
     def _run_mfc(self, req: MFCRequest) -> MFCReply:
-        realloc = None if req.realloc is None else self._reallocate(req)
+        moves = [self._receive_weights(order) for order in req.weight_receives]
+        if req.realloc is not None:
+            moves.append(self._reallocate(req))
+        realloc = _sum_moves(moves)
         if req.pieces:
             self.failpoints.hit("transfer", None if req.call is None else req.call.step)
         self.sends.reap()
@@ -369,6 +373,11 @@ class ModelWorker(WorkerBase):
                 self.copies.drop(call.copy)
         reply.realloc = realloc
         return reply
+
+    def _receive_weights(self, order: ReallocOrder) -> dict[str, float]:
+        logger.info("%s receiving pushed weights of %s (version %d)", self.name, order.role, order.version)
+        self.failpoints.hit("realloc")
+        return self.copies.receive_weights(order, self.tokenizer)
 
     def _reallocate(self, req: MFCRequest) -> dict[str, float]:
         order = req.realloc
@@ -400,6 +409,9 @@ class ModelWorker(WorkerBase):
         if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
             # the interface advances model.version (PPO may step the optimizer several times)
             stats = interface.train_step(model, data, mfc.mb_spec)
+            for order in call.push_weights:  # the new weights leave for the generation copies now
+                for work, buf, peer in self.copies.send_weights(order, model):
+                    self.sends.add(work, buf, f"{mfc.role} version {order.version}", peer)
             return MFCReply(stats=_float_stats(stats, mfc.name))
         if mfc.interface_type is ModelInterfaceType.GENERATE and call.segment is not None:
             return self._generate_piece(mfc, call, model, data)
@@ -488,6 +500,13 @@ def nccl_device(device: str, backend: str) -> torch.device | None:
     if dev.type != "cuda" or "nccl" not in backend:
         return None
     return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+def _sum_moves(moves: list[dict[str, float]]) -> dict[str, float] | None:
+    """One report of a call's weight moves (pushed versions received, a reallocation)."""
+    if not moves:
+        return None
+    return {k: sum(m.get(k, 0.0) for m in moves) for k in moves[0]}
 
 
 def _float_stats(stats, mfc_name: str) -> dict[str, float]:

@@ -112,6 +112,9 @@ class MFCCall:
     drop_copy: bool = False
     segment: Segment | None = None  # a generate call decoded in pieces (partial rollouts)
     pushes: list[PushOrder] = dataclasses.field(default_factory=list)  # outputs sent on once produced
+    # a training call: once it is done, post the sends of these moves of the trained weights to
+    # generation copies on other workers (weight pushes, asynchronous RL) and wait for none
+    push_weights: list[ReallocOrder] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +158,8 @@ class MFCRequest:
     pieces: list[TransferPiece]
     call: MFCCall | None = None
     realloc: ReallocOrder | None = None
+    # weight pushes to receive first (their sources posted them after training), oldest first
+    weight_receives: list[ReallocOrder] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

@@ -14,10 +14,11 @@ GEN = Placement(Layout(2, 1, 1), (2, 3))
 
 def calls(tmp_path, keep: bool):
     from realrl.system.copies import CopyTracker
+    from realrl.system.function_call import TagCounter
 
     cfg = mock_config(tmp_path, "t", mfc_placements={"gen": GEN})
     cfg.models["actor"] = dataclasses.replace(cfg.models["actor"], keep_gen_copy=keep)
-    tracker = CopyTracker(cfg)
+    tracker = CopyTracker(cfg, TagCounter())
     by_name = {m.name: m for m in cfg.mfcs}
     return lambda name: tracker.plan(by_name[name])
 
@@ -47,9 +48,10 @@ def test_asynchronous_generation_reuses_its_copy_within_the_staleness_bound(tmp_
     (its samples' staleness is the training step minus it)."""
     from realrl.api.core.system_api import AsyncRL
     from realrl.system.copies import CopyTracker
+    from realrl.system.function_call import TagCounter
 
     cfg = dataclasses.replace(mock_config(tmp_path, "t", mfc_placements={"gen": GEN}), async_rl=AsyncRL(1))
-    tracker = CopyTracker(cfg)
+    tracker = CopyTracker(cfg, TagCounter())
     by_name = {m.name: m for m in cfg.mfcs}
 
     def plan(name, step):
@@ -67,9 +69,10 @@ def test_asynchronous_generation_reuses_its_copy_within_the_staleness_bound(tmp_
 def test_with_staleness_zero_the_copy_follows_every_training_step(tmp_path):
     from realrl.api.core.system_api import AsyncRL
     from realrl.system.copies import CopyTracker
+    from realrl.system.function_call import TagCounter
 
     cfg = dataclasses.replace(mock_config(tmp_path, "t", mfc_placements={"gen": GEN}), async_rl=AsyncRL(0))
-    tracker = CopyTracker(cfg)
+    tracker = CopyTracker(cfg, TagCounter())
     by_name = {m.name: m for m in cfg.mfcs}
     for step in range(3):
         copy = tracker.plan(by_name["gen"], step)

@@ -72,7 +72,7 @@ def run_sampler(tmp_path, drop, n_seqs=4, max_rounds=5, steps=1, steps_per_epoch
         dynamic_sampling=DynamicSampling("filter", max_rounds),
     )
     stream = stream or FakeStream(drop, n_seqs)
-    sampler = DynamicSampler(cfg, stream, TagCounter(), CopyTracker(cfg), prompt_batches=0)
+    sampler = DynamicSampler(cfg, stream, TagCounter(), CopyTracker(cfg, TagCounter()), prompt_batches=0)
 
     async def main():
         return [await sampler.sample(step, steps_per_epoch, [0], [n_seqs]) for step in range(steps)]

@@ -240,6 +240,41 @@ def _post(
     return [fn(t, peer, group=group, tag=tag) for fn, t, peer, tag in ops]
 
 
+def _send_ops(plan: ReallocPlan, me: int, src: Mapping[str, torch.Tensor], device, first_tag: int) -> list:
+    """One packed buffer per destination of ``me``: its sends."""
+    ops = []
+    for _, peer in (p for p in plan.pairs() if p[0] == me):
+        message = _message(plan, me, peer)
+        buf = torch.empty(sum(n for *_, n in message), dtype=torch.uint8, device=device)
+        for piece, offset, n in message:
+            held = plan.src_boxes[piece.param][me]
+            _view(buf, plan.params[piece.param], piece, offset, n).copy_(
+                src[piece.param][_slices(piece.box, held)]
+            )
+        ops.append((dist.isend, buf, peer, first_tag + plan.tag(me, peer)))
+    return ops
+
+
+def _receive_ops(plan: ReallocPlan, me: int, device, first_tag: int) -> tuple[list, list]:
+    """One buffer per source of ``me``: its receives, and (buffer, message) to scatter after."""
+    ops, received = [], []
+    for peer, _ in (p for p in plan.pairs() if p[1] == me):
+        message = _message(plan, peer, me)
+        buf = torch.empty(sum(n for *_, n in message), dtype=torch.uint8, device=device)
+        ops.append((dist.irecv, buf, peer, first_tag + plan.tag(peer, me)))
+        received.append((buf, message))
+    return ops, received
+
+
+def _scatter(plan: ReallocPlan, me: int, received: list, dst: Mapping[str, torch.Tensor]) -> None:
+    for buf, message in received:
+        for piece, offset, n in message:
+            into = plan.dst_boxes[piece.param][me]
+            dst[piece.param][_slices(piece.box, into)].copy_(
+                _view(buf, plan.params[piece.param], piece, offset, n)
+            )
+
+
 @torch.no_grad()
 def move(
     plan: ReallocPlan,
@@ -256,36 +291,74 @@ def move(
     start = time.perf_counter()
     pairs = plan.pairs()
     device, batched = _wire(group)
-    ops, received = [], []
-    for _, peer in (p for p in pairs if p[0] == me):
-        message = _message(plan, me, peer)
-        buf = torch.empty(sum(n for *_, n in message), dtype=torch.uint8, device=device)
-        for piece, offset, n in message:
-            held = plan.src_boxes[piece.param][me]
-            _view(buf, plan.params[piece.param], piece, offset, n).copy_(
-                src[piece.param][_slices(piece.box, held)]
-            )
-        ops.append((dist.isend, buf, peer, first_tag + plan.tag(me, peer)))
-    for peer, _ in (p for p in pairs if p[1] == me):
-        message = _message(plan, peer, me)
-        buf = torch.empty(sum(n for *_, n in message), dtype=torch.uint8, device=device)
-        ops.append((dist.irecv, buf, peer, first_tag + plan.tag(peer, me)))
-        received.append((buf, message))
+    ops = _send_ops(plan, me, src, device, first_tag) if src is not None else []
+    receives, received = _receive_ops(plan, me, device, first_tag)
+    ops += receives
     works = _post(ops, group, device, batched)
     for piece in plan.between(me, me):  # what this worker keeps, while the messages travel
         into = plan.dst_boxes[piece.param][me]
         held = plan.src_boxes[piece.param][me]
         dst[piece.param][_slices(piece.box, into)].copy_(src[piece.param][_slices(piece.box, held)])
     _wait(works, me, pairs, timeout_s, time.monotonic() + timeout_s)
-    for buf, message in received:
-        for piece, offset, n in message:
-            into = plan.dst_boxes[piece.param][me]
-            dst[piece.param][_slices(piece.box, into)].copy_(
-                _view(buf, plan.params[piece.param], piece, offset, n)
-            )
+    _scatter(plan, me, received, dst)
     sent = sum(t.numel() for fn, t, *_ in ops if fn is dist.isend)
     got = sum(buf.numel() for buf, _ in received)
     return ReallocStats(sent, got, time.perf_counter() - start)
+
+
+def _halves_possible(plan: ReallocPlan, group: dist.ProcessGroup | None) -> torch.device:
+    """Pushes (a send half now, its receive half later) need host buffers (gloo, whose sends
+    progress without the sender waiting) and source and destination on different workers."""
+    device, batched = _wire(group)
+    if batched:
+        raise ValueError("a weight push goes over host memory (gloo); with NCCL the move is one reallocation")
+    if set(plan.src_workers) & set(plan.dst_workers):
+        raise ValueError(
+            f"a weight push needs disjoint workers: {sorted(plan.src_workers)} -> {sorted(plan.dst_workers)}"
+        )
+    return device
+
+
+@torch.no_grad()
+def post_sends(
+    plan: ReallocPlan,
+    me: int,
+    src_module: nn.Module,
+    first_tag: int,
+    *,
+    group: dist.ProcessGroup,
+) -> list[tuple[dist.Work, torch.Tensor, int]]:
+    """The send half of ``plan`` on source worker ``me`` (a weight push): pack and post every
+    message, wait for none. (work, buffer, peer) per message: the caller keeps each buffer until
+    its work completes, when the destination takes it (``receive``)."""
+    device = _halves_possible(plan, group)
+    reshard_fsdp(src_module)
+    src = local_tensors(src_module, plan.src_boxes, me, "source")
+    ops = _send_ops(plan, me, src, device, first_tag)
+    works = _post(ops, group, device, batched=False)
+    return [(w, buf, peer) for w, (_, buf, peer, _) in zip(works, ops)]
+
+
+@torch.no_grad()
+def receive(
+    plan: ReallocPlan,
+    me: int,
+    dst_module: nn.Module,
+    timeout_s: float,
+    first_tag: int,
+    *,
+    group: dist.ProcessGroup,
+) -> ReallocStats:
+    """The receive half of ``plan`` on destination worker ``me``: what the sources posted with
+    ``post_sends`` lands in ``dst_module``."""
+    start = time.perf_counter()
+    device = _halves_possible(plan, group)
+    dst = local_tensors(dst_module, plan.dst_boxes, me, "destination")
+    ops, received = _receive_ops(plan, me, device, first_tag)
+    works = _post(ops, group, device, batched=False)
+    _wait(works, me, plan.pairs(), timeout_s, time.monotonic() + timeout_s)
+    _scatter(plan, me, received, dst)
+    return ReallocStats(0, sum(buf.numel() for buf, _ in received), time.perf_counter() - start)
 
 
 def _wait(
