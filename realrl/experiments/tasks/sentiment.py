@@ -69,9 +69,10 @@ def rl_sampling(max_new_tokens: int) -> tuple[str, ...]:
     return (f"ppo.gen.max_new_tokens={max_new_tokens}", "ppo.gen.top_p=1.0", "ppo.gen.top_k=0")
 
 
-def ppo_preset(max_new_tokens: int) -> tuple[str, ...]:
+def ppo_preset(max_new_tokens: int, steps: int = 30, updates: tuple[int, int] = (4, 4)) -> tuple[str, ...]:
+    """``updates``: (epochs, minibatches) of each batch."""
     return ONE_THREAD + (
-        "exp_ctrl.total_train_steps=30",
+        f"exp_ctrl.total_train_steps={steps}",
         "dataset.train_bs_n_seqs=256",
         "dataset.max_prompt_len=16",
         "actor.optimizer.lr=1e-4",
@@ -80,22 +81,24 @@ def ppo_preset(max_new_tokens: int) -> tuple[str, ...]:
         "ppo.gen.temperature=1.0",
         "ppo.kl_ctl=0.1",
         "ppo.gae_lambda=0.95",
-        "ppo.ppo_n_epochs=4",
-        "ppo.ppo_n_minibatches=4",
+        f"ppo.ppo_n_epochs={updates[0]}",
+        f"ppo.ppo_n_minibatches={updates[1]}",
     )
 
 
-def group_preset(max_new_tokens: int, reward_fn: str = "toy_sentiment") -> tuple[str, ...]:
+def group_preset(
+    max_new_tokens: int, reward_fn: str = "toy_sentiment", steps: int = 30, updates: tuple[int, int] = (4, 4)
+) -> tuple[str, ...]:
     """GRPO and its relatives (RLOO, REINFORCE++, ReMax): K answers per prompt, the true reward."""
     return ONE_THREAD + (
-        "exp_ctrl.total_train_steps=30",
+        f"exp_ctrl.total_train_steps={steps}",
         "dataset.train_bs_n_seqs=64",
         "dataset.max_prompt_len=16",
         "actor.optimizer.lr=1e-4",
         "ppo.gen.n=4",
         *rl_sampling(max_new_tokens),
-        "ppo.ppo_n_epochs=4",
-        "ppo.ppo_n_minibatches=4",
+        f"ppo.ppo_n_epochs={updates[0]}",
+        f"ppo.ppo_n_minibatches={updates[1]}",
         f"reward_fn={reward_fn}",
     )
 
@@ -146,10 +149,18 @@ PAIR_FILES = {
 
 
 def toy_task(
-    name: str, label: str, doc: str, toy: dict[str, Any], max_new_tokens: int, n_positions: int
+    name: str,
+    label: str,
+    doc: str,
+    toy: dict[str, Any],
+    max_new_tokens: int,
+    n_positions: int,
+    rl_steps: int = 30,
+    updates: tuple[int, int] = (4, 4),
 ) -> EmbeddedTask:
     """A toy-corpus task: ``toy`` are its ``ToyTaskConfig`` fields beyond the seed and size, its
-    answers at most ``max_new_tokens`` long, its model ``n_positions`` long."""
+    answers at most ``max_new_tokens`` long, its model ``n_positions`` long; its RL runs
+    ``rl_steps`` steps of ``updates`` (epochs, minibatches) each."""
 
     def build(data_dir: str, seed: int) -> dict[str, str]:
         build_toy_task(data_dir, ToyTaskConfig(seed=seed, n_prompts=TOY_N_PROMPTS, **toy))
@@ -159,7 +170,10 @@ def toy_task(
     summarize = functools.partial(summarize_policy, task=name, density=density)
     reward_fn = "toy_sentiment_density" if density else "toy_sentiment"
     group = Recipe(
-        group_preset(max_new_tokens, reward_fn), RL_FILES, {"actor.path": "sft"}, summarize=summarize
+        group_preset(max_new_tokens, reward_fn, rl_steps, updates),
+        RL_FILES,
+        {"actor.path": "sft"},
+        summarize=summarize,
     )
     return EmbeddedTask(
         name=name,
@@ -178,7 +192,7 @@ def toy_task(
                 {"model.path": "sft"},
             ),
             "ppo": Recipe(
-                ppo_preset(max_new_tokens),
+                ppo_preset(max_new_tokens, rl_steps, updates),
                 RL_FILES,
                 {"actor.path": "sft", "rew.path": "rw"},
                 summarize=summarize,
@@ -201,15 +215,18 @@ SENTIMENT = register_task(
         n_positions=64,
     )
 )
-# answers of 4 to 44 words: generation dominates the step and its lengths vary widely (the
-# workload asynchronous RL is for; benchmarks/bench_async.py --task sentiment_long)
+# answers of 4 to 44 words, one update per batch (as DeepSeekMath's GRPO): generation dominates
+# the step and its lengths vary widely, the workload asynchronous RL is for
+# (benchmarks/bench_async.py)
 SENTIMENT_LONG = register_task(
     toy_task(
         "sentiment_long",
         "toy_long",
-        "the sentiment task with answers of 4 to 44 words (long, varied generation)",
+        "the sentiment task with answers of 4 to 44 words and one update per batch (generation-heavy)",
         {"response_words": 4, "response_words_max": 44, "density_reward": True},
         46,
         n_positions=64,
+        rl_steps=60,
+        updates=(1, 1),
     )
 )
