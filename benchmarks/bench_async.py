@@ -165,7 +165,13 @@ def main() -> None:
     p.add_argument("--only", nargs="+", help="run only these rows (labels as printed)")
     p.add_argument("--fileroot", default="outputs/bench_async")
     args = parse_args(
-        p, None, seeds=[1], etas=[1], no_ablation=True, no_partial=True, only=["sync d2", "sync split", "async eta=1"]
+        p,
+        None,
+        seeds=[1],
+        etas=[1],
+        no_ablation=True,
+        no_partial=True,
+        only=["sync d2", "sync split", "async eta=1"],
     )
     os.makedirs(args.fileroot, exist_ok=True)
     table = [

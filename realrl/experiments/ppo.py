@@ -217,7 +217,7 @@ class AsyncRLConfig:
     max_staleness: int = 1  # AReaL's max_head_offpolicyness; 0 is the synchronous run
     partial_rollout: bool = False  # interruptible generation: newer weights reach answers mid-decoding
     # partial rollouts: tokens decoded between two chances to take newer weights
-    interrupt_every: int = 4
+    interrupt_every: int = 16
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from realrl.api.core.devices import is_cuda
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Placement
 from realrl.api.core.system_api import ExperimentConfig, copy_name
@@ -60,10 +61,10 @@ class CopyTracker:
 
     def push_placements(self, role: str) -> list[Placement]:
         """The generation copies of ``role`` its training calls push to: under asynchronous RL, on
-        workers apart from home, with messages through host memory (``device=cpu``; over NCCL the
-        copies are refilled by an ordinary reallocation)."""
+        workers apart from home, with messages through host memory (CPU devices; on GPUs the
+        moves go over NCCL, and the copies are refilled by an ordinary reallocation)."""
         cfg = self.config
-        if cfg.async_rl is None or cfg.device != "cpu":
+        if cfg.async_rl is None or is_cuda(cfg.device):
             return []
         home, out = cfg.placement(role), []
         for m in cfg.mfcs:

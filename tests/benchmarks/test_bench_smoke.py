@@ -248,10 +248,15 @@ def test_bench_lora(tmp_path, job_root):
 
 def test_bench_async(tmp_path, job_root):
     out = run_bench("bench_async.py", tmp_path, "--fileroot", job_root)
-    for label in ("sync d2", "async eta=1"):
-        ((_, rate, ratio, *_, weights),) = table_rows(out, label)
+    for label in ("sync d2", "sync split", "async eta=1"):
+        ((_, rate, ratio, *_, stale, spanning, weights),) = table_rows(out, label)
         assert float(rate) > 0 and re.fullmatch(rf"{NUMBER}x", ratio), out
         moved = re.fullmatch(rf"({NUMBER}) MB in ({NUMBER}) ms", weights)
         assert moved, weights
-        # d2 keeps the policy where it trains; the split layout sends it to the generation worker
-        assert (float(moved.group(1)) > 0) == (label == "async eta=1"), weights
+        # d2 keeps the policy where it trains; the split layouts send it to the generation worker
+        assert (float(moved.group(1)) > 0) == (label != "sync d2"), weights
+        assert float(stale) == (1.0 if label == "async eta=1" else 0.0) and float(spanning) == 0.0
+    # the 8-GPU comparison on paper, from the per-call seconds just measured
+    for label in ("sync d8 (every call on 8)", "async 6:2, eta >= 1"):
+        ((_, seconds, ratio),) = table_rows(out, label)
+        assert float(seconds) > 0 and re.fullmatch(rf"{NUMBER}x", ratio), out

@@ -405,3 +405,71 @@ def test_every_interface_runs_with_models_on_cuda(tokenizer):
     dpo = make_interface("dpo")
     pairs.update_(dpo.inference(actor, pairs))
     assert dpo.train_step(actor, pairs)["loss"] > 0
+
+
+def test_a_rollout_in_pieces_continues_under_new_weights_and_stamps_the_oldest_version(tokenizer):
+    """Partial rollouts: the same rollout keys as ``generate`` when nothing changes; after a
+    training step between two pieces, the answers carry the version of their oldest token and
+    the call reports them as spanning two versions."""
+    a = actor_iface(gen={**GEN, "min_new_tokens": 4}, decoupled_loss=True)
+    actor = make_model(tokenizer)
+    data = prompt_batch(tokenizer, PROMPTS)
+    torch.manual_seed(0)
+    whole = a.generate(actor, data)
+    torch.manual_seed(0)
+    rollout_ = a.start_rollout(actor, data)
+    while rollout_.advance(2, actor.version.global_step):
+        pass
+    same, stats = rollout_.finish()
+    for key in whole.keys:
+        torch.testing.assert_close(same.data[key], whole.data[key], rtol=0, atol=1e-6)
+    assert stats["answers_spanning_versions"] == 0.0 and stats["weight_updates_mid_call"] == 0.0
+
+    torch.manual_seed(0)
+    rollout_ = a.start_rollout(actor, data)
+    assert rollout_.advance(2, actor.version.global_step) > 0  # min_new_tokens=4: none finished
+    trained = rollout(tokenizer, a, make_model(tokenizer, seed=1))
+    trained.update_(compute_adv(tokenizer, adv_iface(adv_estimator="reinforce_pp"), trained)[0])
+    a.train_step(actor, trained)  # the weights change under the paused rollout: version 1
+    while rollout_.advance(2, actor.version.global_step):
+        pass
+    out, stats = rollout_.finish()
+    assert out.data["behav_version"].tolist() == [0] * len(PROMPTS)  # the oldest token's version
+    assert stats["answers_spanning_versions"] == 1.0 and stats["weight_updates_mid_call"] == 1.0
+    assert not torch.equal(out.data["packed_input_ids"], whole.data["packed_input_ids"])
+
+
+def test_with_one_update_the_proximal_policy_is_the_updates_own_forward(tokenizer):
+    """The decoupled objective with stale answers and one update per step takes the proximal
+    log-probs from the update's own forward (no extra pass). It must update the policy exactly as
+    the objective says: the same step as the standard loss on pi_prox-anchored ratios with each
+    token's advantage scaled by w = pi_prox / pi_behav (pi_prox computed here by a separate forward)."""
+    from realrl.api.core.data_api import MicroBatchSpec
+    from realrl.impl.interface.ppo_keys import BEHAV_VERSION
+
+    one = dict(
+        ppo_n_minibatches=1,
+        ppo_n_epochs=1,
+        early_stop_imp_ratio=None,
+        kl_loss_coef=0.0,
+        adv_estimator="reinforce_pp",  # needs no critic
+    )
+    decoupled, standard = actor_iface(decoupled_loss=True, **one), actor_iface(decoupled_loss=False, **one)
+    data = rollout(tokenizer, standard, make_model(tokenizer, seed=2))  # drawn by another policy
+    data.update_(compute_adv(tokenizer, adv_iface(**one), data)[0])
+    n = len(data.flat_seqlens("packed_input_ids"))
+    data.update_(per_sequence_sample(data, BEHAV_VERSION, torch.zeros(n, dtype=torch.long)))
+    a, b = make_model(tokenizer, seed=0), make_model(tokenizer, seed=0)
+    a.inc_version(), b.inc_version()  # version 1: every answer (version 0) is stale
+
+    prox = standard._logprobs(b, data, MicroBatchSpec())  # pi_prox: the weights before the step
+    mask = data.data["ppo_loss_mask"].bool()
+    w = torch.where(mask, (prox - data.data["packed_logprobs"]).exp(), torch.zeros_like(prox))
+    anchored = dataclasses.replace(data)
+    anchored.data = {**data.data, "packed_logprobs": prox, "advantages": data.data["advantages"] * w}
+
+    stats = decoupled.train_step(a, data)
+    standard.train_step(b, anchored)
+    assert stats["stale_answers"] == float(n) and stats["behav_imp_weight"] != pytest.approx(1.0)
+    for (name, pa), (_, pb) in zip(a.module.module.named_parameters(), b.module.module.named_parameters()):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=2e-6, msg=name)

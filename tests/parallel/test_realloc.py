@@ -3,8 +3,9 @@
 ordered pair of d1m1, d2m1, d1m2, d2m2 (colocated and on disjoint workers) and from FSDP and
 FSDP + TP sources after an optimizer step. Each rank moves exactly the bytes the plan says, a
 plan that does not match a module's shards is refused, the gather-then-broadcast baseline gives
-the same weights with more bytes, and a peer that never shows up gives an error within the
-timeout.
+the same weights with more bytes, a peer that never shows up gives an error within the
+timeout, and a move split into halves (a weight push: the sources post and go on, the
+destinations receive later) delivers the same weights.
 
 All cases run in one spawn: starting processes costs more than the models.
 """
@@ -27,7 +28,9 @@ from realrl.impl.model.comm.baseline import gather_broadcast
 from realrl.impl.model.comm.realloc import (
     build_copy,
     model_param_specs,
+    post_sends,
     reallocate,
+    receive,
     side_for,
 )
 from realrl.impl.model.comm.realloc_plan import ReallocPlan, gather_broadcast_bytes, plan_realloc
@@ -222,6 +225,35 @@ def run_bad_layout(world: World) -> str | None:
     return None
 
 
+def run_push(world: World, tag: int) -> dict:
+    """A weight push d1m2 -> d2m1@2: each source posts its sends and, without waiting for them,
+    signals the destinations, which only then receive (a source that waited for its receivers
+    would never signal: the case would time out). A push between overlapping workers is refused."""
+    a, b = "d1m2", "d2m1@2"
+    src, ref = _source(world, a, "plain")
+    plan, group = world.plan(a, b), world.group(a, b)
+    copy_b = world.copy(b)
+    signal, errors, refused = torch.zeros(1), [], None
+    if src is not None:
+        sends = post_sends(plan, world.rank, src, tag, group=group)
+        for dst in plan.dst_workers:
+            dist.send(signal, dst=dst, tag=tag + 90)
+        for work, _, _ in sends:
+            work.wait()  # done once the destinations received
+        if world.rank == 0:
+            try:
+                post_sends(world.plan("d2m1", "d1m1"), 0, src, tag + 95, group=world.group("d2m1", "d1m1"))
+            except ValueError as e:
+                refused = str(e)
+    if copy_b is not None:
+        for source in plan.src_workers:
+            dist.recv(signal, src=source, tag=tag + 90)
+        stats = receive(plan, world.rank, copy_b, TIMEOUT_S, tag, group=group)
+        _check_bytes(world.rank, plan, stats, "push", errors)
+        _check_layout(world.rank, copy_b, plan, ref, "pushed copy", errors, whole=True)
+    return {"errors": errors, "refused": refused}
+
+
 def run_dead_peer(world: World, tag: int) -> dict | None:
     """Worker 1 stays up but never joins; worker 0 waits for its half at most the timeout. Last:
     gloo closes the pair of workers that timed out, so they cannot talk after it."""
@@ -252,6 +284,7 @@ def worker(rank: int) -> dict:
     results["baseline"] = run_baseline(world, len(CASES) * TAGS_PER_CASE)
     results["bad-layout"] = run_bad_layout(world)
     results["seconds"] = time.monotonic() - start
+    results["push"] = run_push(world, (len(CASES) + 2) * TAGS_PER_CASE)
     results["dead-peer"] = run_dead_peer(world, (len(CASES) + 1) * TAGS_PER_CASE)
     return results
 
@@ -291,3 +324,9 @@ def test_a_peer_that_never_comes_gives_an_error_within_the_timeout(ranks):
     dead = ranks[0]["dead-peer"]
     assert dead["error"] is not None and "worker 0" in dead["error"] and "[1]" in dead["error"]
     assert DEAD_PEER_TIMEOUT_S - 0.5 <= dead["seconds"] < DEAD_PEER_TIMEOUT_S + 5
+
+
+def test_a_weight_push_delivers_the_weights_without_its_sources_waiting(ranks):
+    for rank, r in enumerate(ranks):
+        assert r["push"]["errors"] == [], (rank, r["push"]["errors"])
+    assert "disjoint workers" in ranks[0]["push"]["refused"]

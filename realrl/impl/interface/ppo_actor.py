@@ -52,6 +52,8 @@ from realrl.impl.model.utils.policy_losses import (
 
 logger = logging.getLogger("ppo_actor")
 PROX_LOGPROBS = "packed_prox_logprobs"  # the decoupled objective's proximal policy (train_step only)
+# tokens whose proximal log-prob is the update's own forward (one update per step; train_step only)
+PROX_IS_CURRENT = "prox_is_current"
 
 
 class PPORollout(Rollout):
@@ -173,6 +175,8 @@ class PPOActorInterface(ModelInterface):
         # the decoupled objective when some answers came from an older policy (train_step adds
         # their proximal log-probs); else the clip is anchored at the behaviour policy itself
         prox = mb.data[PROX_LOGPROBS].to(dev) if PROX_LOGPROBS in mb.data else None
+        if PROX_IS_CURRENT in mb.data:  # one update per step: this forward is the proximal policy
+            prox = torch.where(mb.data[PROX_IS_CURRENT].to(dev), logp.detach(), prox)
         per_token, st = get_policy_loss(hp.policy_loss)(
             logp,
             behav if prox is None else prox,
@@ -227,17 +231,24 @@ class PPOActorInterface(ModelInterface):
     def _add_proximal_logprobs(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec) -> int:
         """The decoupled objective's proximal policy: the weights this step starts from. Answers
         sampled by an older version get their log-probs under these weights (one no-grad forward
-        before the update); answers of this very version keep their recorded ones, so a batch
-        with no stale answer gets no key at all and trains exactly as the standard objective.
-        Returns how many answers were stale."""
+        before the update, or, when the step makes one update only, that update's own forward);
+        answers of this very version keep their recorded ones, so a batch with no stale answer
+        gets no key at all and trains exactly as the standard objective. Returns how many
+        answers were stale."""
         versions = data.data[BEHAV_VERSION]
         stale = versions < model.version.global_step
         if not bool(stale.any()):
             return 0
-        prox = self._logprobs(model, data, mb_spec)
         behav = data.data["packed_logprobs"]
         lens = torch.tensor(data.flat_seqlens("packed_logprobs"), device=stale.device)
-        stale_tokens = stale.repeat_interleave(lens).to(prox.device)
+        stale_tokens = stale.repeat_interleave(lens).to(behav.device)
+        if self.hp.ppo_n_epochs * self.hp.ppo_n_minibatches == 1:
+            # one update: its own forward runs at the weights the step starts from, so the
+            # proximal log-probs are that forward's, detached; no extra forward needed
+            data.update_(token_minus_one_sample(data, PROX_LOGPROBS, behav))
+            data.update_(token_minus_one_sample(data, PROX_IS_CURRENT, stale_tokens))
+            return int(stale.sum())
+        prox = self._logprobs(model, data, mb_spec).to(behav.device)
         data.update_(token_minus_one_sample(data, PROX_LOGPROBS, torch.where(stale_tokens, prox, behav)))
         return int(stale.sum())
 
