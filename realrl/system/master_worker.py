@@ -10,7 +10,6 @@ step k - 1, so the next ``actor_gen`` samples from the policy ``actor_train`` ju
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import time
@@ -20,26 +19,18 @@ from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.model_api import SAMPLES_KEY, FinetuneSpec
 from realrl.api.core.system_api import ExperimentConfig, model_worker_name
 from realrl.base import logging
-from realrl.impl.model.backend.integrity import write_json_atomic
 from realrl.system import checkpointing
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyTracker
 from realrl.system.dynamic_sampling import DynamicSampler, merged_result
-from realrl.system.function_call import (
-    CallDispatcher,
-    CallResult,
-    PostedCall,
-    ReallocResult,
-    post_all,
-    run_guarded,
-)
+from realrl.system.function_call import CallDispatcher, CallResult, PostedCall, post_all, run_guarded
+from realrl.system.inflight import InflightAnswers
 from realrl.system.protocol import (
     EvaluateRequest,
     FetchEvalRequest,
     FetchRequest,
     InitializeRequest,
     LoadRecoverRequest,
-    SamplesRequest,
     SaveRequest,
     Segment,
     SetupRequest,
@@ -113,11 +104,8 @@ class MasterWorker:
         self.state_mfcs: list[MFCDef] = []
         self.recover_saved: dict[int, set[str]] = {}  # step -> parts saved (trained roles' MFCs, state_mfcs)
         self.recover_ready: list[int] = []  # every part saved, waiting for their steps' records
-        # asynchronous RL: the generate calls of the last steps (their parts and results), so a
-        # recover point can keep the answers drawn from weights older than its own; and, resuming,
-        # the calls whose answers it kept
-        self.generated: dict[tuple[str, int], tuple[list[list[int]], list[list], CallResult]] = {}
-        self.restore: dict[tuple[str, int], dict] = {}
+        # asynchronous RL: answers drawn from weights older than a recover point's, kept by it
+        self.inflight = InflightAnswers(config, stream, self.buffer)
         self.stats_path = os.path.join(config.run_dir, "stats.jsonl")
         # a few decoded prompts, completions and rewards per step, one line per step
         self.samples_path = os.path.join(config.run_dir, "samples.jsonl")
@@ -209,7 +197,8 @@ class MasterWorker:
         await post_all(self.stream, requests, "load_recover", cfg.timeouts.setup)
         self.start_step = min(step, self.total_steps)
         self.copies = CopyTracker(cfg, self.calls.tags, start_version=self.start_step)
-        self.restore = checkpointing.read_inflight(cfg.run_dir, step) if cfg.async_rl is not None else {}
+        if cfg.async_rl is not None:
+            self.inflight.resume_from(step)
         self.progress.steps_done = self.start_step
         self.progress.calls_done = dict.fromkeys(self.progress.calls_done, self.start_step)
         self.progress.calls_posted = dict.fromkeys(self.progress.calls_posted, self.start_step)
@@ -321,7 +310,7 @@ class MasterWorker:
         pieces = self.versions.pieces(mfc)  # partial rollouts: tokens per piece of a generate call
         clears: list[dict] = []
         for step in range(self.start_step, self.total_steps):
-            if (mfc.name, step) in self.restore:  # answers a recover point kept: no generation
+            if self.inflight.is_kept(mfc, step):  # answers a recover point kept: no generation
                 if pending is not None:
                     await self._finish(mfc, *pending, clears)
                     pending = None
@@ -451,9 +440,8 @@ class MasterWorker:
     def _remember_generation(self, mfc: MFCDef, step: int, posted: PostedCall, result: CallResult) -> None:
         """Keep what a recover point needs of an asynchronous generate call (``_save_inflight``)."""
         if self.config.async_rl is not None and mfc.interface_type is ModelInterfaceType.GENERATE:
-            self.generated[(mfc.name, step)] = (posted.replicas, [list(p.ids) for p in posted.parts], result)
-            for key in [k for k in self.generated if k[1] < self.progress.steps_done]:
-                del self.generated[key]  # trained on, and older than any recover point still to come
+            version = self.copies.versions_used.get((mfc.name, step))
+            self.inflight.remember(mfc, step, posted, result, version, self.progress.steps_done)
 
     async def _after_call(self, mfc: MFCDef, step: int, result: CallResult, clears: list[dict]) -> None:
         """What follows a finished call (``_finish``)."""
@@ -626,72 +614,14 @@ class MasterWorker:
         for m in gens:
             await self.progress.wait_for(lambda m=m: self.progress.calls_done[m.name] >= upto)
             for k in range(steps_done, upto):
-                await self._save_generation(m, k, steps_done)
-
-    async def _save_generation(self, mfc: MFCDef, call_step: int, steps_done: int) -> None:
-        cfg = self.config
-        replicas, part_ids, result = self.generated[(mfc.name, call_step)]
-        record = {
-            "mfc": mfc.name,
-            "step": call_step,
-            "version": self.copies.versions_used.get((mfc.name, call_step)),
-            "parts": [],
-            "stats": result.stats,
-            "rank_stats": result.rank_stats,
-            "samples": result.samples,
-            "n_tokens": result.n_tokens,
-            "seconds": result.seconds,
-            "realloc": None if result.realloc is None else dataclasses.asdict(result.realloc),
-        }
-        requests = {}
-        for r, (workers, ids) in enumerate(zip(replicas, part_ids)):
-            path = checkpointing.inflight_part(cfg.run_dir, steps_done, mfc.name, call_step, r)
-            requests[workers[0]] = SamplesRequest(
-                path, self.buffer.gather_meta(ids, mfc.output_keys), steps_done
-            )
-            record["parts"].append(
-                {"workers": list(workers), "ids": list(ids), "file": os.path.basename(path)}
-            )
-        await post_all(self.stream, requests, "samples", cfg.timeouts.request)
-        write_json_atomic(checkpointing.inflight_record(cfg.run_dir, steps_done, mfc.name, call_step), record)
+                await self.inflight.save(m, k, steps_done)
 
     async def _restore_generation(self, mfc: MFCDef, step: int, ids: list, clears: list[dict]) -> None:
-        """A generate call whose answers the resumed recover point kept (``_save_inflight``): every
-        worker of each part reads them back, and the call counts as run with its saved report."""
-        cfg = self.config
-        record = self.restore.pop((mfc.name, step))
-        saved = [sid for part in record["parts"] for sid in part["ids"]]
-        if list(ids) != saved:
-            raise checkpointing.RecoverPointError(
-                f"the answers kept for {mfc.name!r} at step {step} are for samples {saved[:4]}..., but "
-                f"this run's batch holds {list(ids)[:4]}... (was the dataset changed?)",
-                self.start_step,
-            )
-        folder = checkpointing.inflight_dir(cfg.run_dir, self.start_step)
-        requests = {
-            w: SamplesRequest(os.path.join(folder, part["file"]), None, self.start_step)
-            for part in record["parts"]
-            for w in part["workers"]
-        }
-        replies = await post_all(self.stream, requests, "samples", cfg.timeouts.request)
-        for part in record["parts"]:
-            head, *others = part["workers"]
-            self.buffer.update(replies[head], owner=head)
-            for w in others:
-                self.buffer.add_owner(part["ids"], mfc.output_keys, w)
-        self.copies.versions_used[(mfc.name, step)] = record["version"]
+        """A generate call whose answers the resumed recover point kept (``InflightAnswers``): they
+        are read back, and the call counts as run with its saved report."""
+        result, version = await self.inflight.restore(mfc, step, ids)
+        self.copies.versions_used[(mfc.name, step)] = version
         self._posted(mfc, step)
-        result = CallResult(
-            ids=list(ids),
-            stats=dict(record["stats"]),
-            seconds=float(record["seconds"]),
-            n_tokens=int(record["n_tokens"]),
-            samples=record["samples"],
-            rank_stats=record["rank_stats"],
-            realloc=None if record["realloc"] is None else ReallocResult(**record["realloc"]),
-        )
-        replicas = [part["workers"] for part in record["parts"]]
-        self.generated[(mfc.name, step)] = (replicas, [part["ids"] for part in record["parts"]], result)
         await self._after_call(mfc, step, result, clears)
 
     async def _save_state(self, mfc: MFCDef, steps_done: int) -> None:
