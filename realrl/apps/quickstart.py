@@ -90,11 +90,37 @@ def prepare(argv: list[str]) -> Command:
 
     command = parse_command(argv)
     if command.runs:
-        runs = [dataclasses.replace(r, phases=tuple(plan_phases(r.name, r.config))) for r in command.runs]
+        runs = [searched(r) for r in command.runs]
+        runs = [dataclasses.replace(r, phases=tuple(plan_phases(r.name, r.config))) for r in runs]
         return dataclasses.replace(command, runs=tuple(runs))
     if command.config is None:
         return command
+    command = searched(command)
     return dataclasses.replace(command, phases=tuple(plan_phases(command.name, command.config)))
+
+
+def searched(command: Command) -> Command:
+    """``allocation_mode=search``: the command with the best plan the search finds
+    (``realrl.apps.search``; profiling runs first where its cache lacks them)."""
+    if command.config.allocation_mode.strip() != "search":
+        return command
+    from realrl.apps.search import n_workers, search_plan
+    from realrl.system.plan_search import NoFeasiblePlan
+
+    try:
+        result = search_plan(command.name, command.config).result
+    except NoFeasiblePlan as e:
+        raise UserError(f"allocation_mode=search: {e}") from e
+    best = result.ranked[0]
+    logger.info(
+        "allocation_mode=search: %s (predicted %.3f s/step, the best of %d plans on %d workers)",
+        best.allocation_mode,
+        best.simulation.step_seconds,
+        result.evaluated,
+        n_workers(command.config),
+    )
+    config = dataclasses.replace(command.config, allocation_mode=best.allocation_mode)
+    return dataclasses.replace(command, config=config)
 
 
 def parse_command(argv: list[str]) -> Command:

@@ -256,7 +256,7 @@ def _summarize(
         else []
     )
     seconds["plots"] = round(time.time() - t, 2)
-    summary: dict = {"experiment": name, "steps": len(records)}
+    summary: dict = {"experiment": name, "steps": len(records), "allocation_mode": cfg.allocation_mode}
     if records:
         summary.update({k: v for k, v in records[-1].items() if "/" in k and isinstance(v, float)})
 

@@ -88,8 +88,9 @@ class MasterWorker:
         self.sampling = config.sampling_mfcs()
         self.buffer = SampleBuffer(m.name for m in config.mfcs if m not in self.sampling)
         self.progress = Progress([m.name for m in config.mfcs])
-        # asynchronous RL: calls push their outputs to the workers reading them (transfer_plan)
-        pushes = push_targets(config) if config.async_rl is not None else None
+        # calls push their outputs to the workers reading them (transfer_plan): a busy producer
+        # never holds a consumer's inputs behind its next call
+        pushes = push_targets(config)
         self.calls = CallDispatcher(self.buffer, stream, config.timeouts.request, push_targets=pushes)
         self.copies = CopyTracker(config, self.calls.tags)
         self.versions = VersionRule(config)

@@ -260,3 +260,15 @@ def test_bench_async(tmp_path, job_root):
     for label in ("sync d8 (every call on 8)", "async 6:2, eta >= 1"):
         ((_, seconds, ratio),) = table_rows(out, label)
         assert float(seconds) > 0 and re.fullmatch(rf"{NUMBER}x", ratio), out
+
+
+def test_bench_search(tmp_path, job_root):
+    out = run_bench("bench_search.py", tmp_path, "--fileroot", job_root)
+    rows = [r for r in out.splitlines() if r.startswith("| d")]
+    assert len(rows) == 3, out  # d1, d2 and m2: sft's every plan on 2 workers
+    for row in rows:
+        _, plan, predicted, measured, error, rank = [c.strip() for c in row.split("|")[:6]]
+        assert float(predicted) > 0 and float(measured) > 0 and re.fullmatch(rf"[+-]{NUMBER} %", error), row
+    assert sum("(chosen)" in r for r in rows) == 1
+    assert re.search(r"predicted within 15 % of measured: \d of 3", out), out
+    assert re.search(rf"the chosen plan measured {NUMBER} s/step, [+-]{NUMBER} % from the best measured", out)

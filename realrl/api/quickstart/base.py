@@ -20,6 +20,32 @@ def check_choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 @dataclasses.dataclass
+class PlanSearchOptions:
+    """``allocation_mode=search`` and ``python -m realrl.apps.search``: the devices a plan is for
+    and how the plans are searched (docs/plan_search.md)."""
+
+    n_nodes: int = 1
+    # devices per node; None: this machine's GPUs, or on a CPU machine its cores (a worker each)
+    n_gpus_per_node: int | None = None
+    device_memory_gb: float | None = None  # None: 80 on GPUs, not checked on CPU workers
+    seed: int = 1
+    iterations: int = 3000  # Metropolis proposals when the space is too large to try every plan
+    time_limit_s: float | None = None  # stops the search early (its result then depends on speed)
+    top: int = 10  # plans printed
+
+    def __post_init__(self) -> None:
+        if self.n_nodes < 1 or (self.n_gpus_per_node is not None and self.n_gpus_per_node < 1):
+            raise ValueError(
+                f"search.n_nodes and search.n_gpus_per_node must be >= 1, got {self.n_nodes} and "
+                f"{self.n_gpus_per_node}"
+            )
+        if self.iterations < 1 or self.top < 1:
+            raise ValueError(
+                f"search.iterations and search.top must be >= 1, got {self.iterations}, {self.top}"
+            )
+
+
+@dataclasses.dataclass
 class ExperimentSaveEvalControl:
     """How long to train and how often to save and evaluate (``exp_ctrl.*``)."""
 
@@ -64,7 +90,9 @@ class CommonExperimentConfig:
     fileroot: str = "outputs"  # everything goes under fileroot/experiment_name/trial_name/
     mode: str = "local"
     ray_address: str | None = None  # mode=ray: an existing cluster ("auto" or host:port); None starts one
-    allocation_mode: str = "d1"  # d<dp>m<tp>p<pp>, per role ('actor:d1m2p1,*:d1'), or manual
+    # d<dp>m<tp>p<pp>, per role ('actor:d1m2p1,*:d1'), manual, or search (the best plan found first)
+    allocation_mode: str = "d1"
+    search: PlanSearchOptions = dataclasses.field(default_factory=PlanSearchOptions)
     manual: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # allocation_mode=manual
     manual_layouts: dict[str, str] = dataclasses.field(default_factory=dict)  # its layouts (default d<n>)
     colocate: bool = False  # device=cuda: let workers share GPUs when there are fewer GPUs than workers

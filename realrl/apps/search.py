@@ -1,0 +1,153 @@
+"""``python -m realrl.apps.search <experiment> key=value ... n_nodes=N n_gpus_per_node=G``.
+
+Finds the execution plan (a placement for every model function call) with the shortest step:
+profiles each call in each layout it may get (short runs, cached: ``realrl.apps.profiles``),
+replays the graph under every plan with the master's rules (``realrl.system.simulator``), and
+prints the plans best first, each as an ``allocation_mode`` to paste, with its predicted step
+time, per-call and reallocation seconds and peak memory per device, then the plans rejected and
+why. On a CPU machine ``n_gpus_per_node`` counts model workers (default: its cores).
+``allocation_mode=search`` on any experiment does the same and then runs the best plan.
+Other options: ``device_memory_gb``, ``seed``, ``iterations``, ``time_limit_s``, ``top`` (or
+their ``search.*`` names). Exit status 2 with one ``error:`` line for a wrong option or when no
+plan is feasible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from realrl.api.core.devices import is_cuda, visible_gpu_count
+from realrl.api.core.system_api import ExperimentConfig
+from realrl.api.quickstart.base import CommonExperimentConfig
+from realrl.api.quickstart.memory_plan import model_configs, plan_memory
+from realrl.api.quickstart.plan_space import call_options
+from realrl.apps.errors import EXIT_USER_ERROR, UserError, one_line
+from realrl.base import logging
+from realrl.system.plan_search import NoFeasiblePlan, SearchResult, search
+from realrl.system.simulator import Costs
+
+logger = logging.getLogger("search")
+
+GiB = 1024**3
+SEARCH_KEYS = ("n_nodes", "n_gpus_per_node", "device_memory_gb", "seed", "iterations", "time_limit_s", "top")
+
+
+def n_workers(cfg: CommonExperimentConfig) -> int:
+    """The devices the plan is for: nodes times devices per node (default: this machine's GPUs,
+    or its cores on a CPU machine)."""
+    per_node = cfg.search.n_gpus_per_node or visible_gpu_count() or os.cpu_count() or 1
+    return cfg.search.n_nodes * per_node
+
+
+@dataclasses.dataclass
+class PlanSearch:
+    result: SearchResult  # the plans, best first
+    experiment: ExperimentConfig  # the experiment searched (in layout d1)
+    costs: Costs  # what its calls and moves cost
+
+
+def search_plan(name: str, cfg: CommonExperimentConfig) -> PlanSearch:
+    """Profile (what the cache lacks), then search: ``cfg``'s plans best first. The phases it
+    builds on (SFT, a reward model) run first when their checkpoints are missing: the profiling
+    runs read them."""
+    from realrl.apps.profiles import profile
+    from realrl.apps.run import plan_phases, run_one
+
+    workers = n_workers(cfg)
+    provisional = dataclasses.replace(cfg, allocation_mode="d1")
+    *before, phase = plan_phases(name, provisional)
+    for pre in before:
+        logger.info("running the %s phase first: the profiling runs build on it", pre.name)
+        run_one(pre.config, exp=pre.experiment)
+    exp = phase.experiment
+    layouts = sorted({p.layout for m in exp.mfcs for p in call_options(m, workers)}, key=str)
+    table, path, ran = profile(name, provisional, exp, layouts, workers, run=lambda c: run_one(c))
+    logger.info("call costs from %s%s", path, f" (profiled now: {', '.join(ran)})" if ran else " (cached)")
+    configs = model_configs(exp, _fallback(cfg))
+    limit = cfg.search.device_memory_gb
+    if limit is None and is_cuda(exp.device):
+        limit = 80.0
+    costs = table.costs()
+    result = search(
+        exp,
+        costs,
+        workers,
+        memory=lambda planned: max(w.peak for w in plan_memory(planned, configs).workers),
+        limit_bytes=None if limit is None else int(limit * GiB),
+        seed=cfg.search.seed,
+        iterations=cfg.search.iterations,
+        time_limit=cfg.search.time_limit_s,
+    )
+    return PlanSearch(result, exp, costs)
+
+
+def _fallback(cfg: CommonExperimentConfig) -> dict | None:
+    if not cfg.task:
+        return None
+    from realrl.experiments.tasks import get_task
+
+    return get_task(cfg.task).model_config()
+
+
+def format_result(name: str, workers: int, result: SearchResult, top: int) -> str:
+    how = "every plan" if result.exhaustive else "a Metropolis search"
+    lines = [
+        f"{name} on {workers} workers: {result.evaluated} plans tried ({how}, {result.seconds:.1f} s), "
+        f"{len(result.ranked)} feasible, best first",
+        "| rank | step s | reallocation s/step | peak GiB/device | calls s | allocation_mode |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, c in enumerate(result.ranked[:top], 1):
+        sim = c.simulation
+        calls = ", ".join(f"{k} {v:.3f}" for k, v in sim.call_seconds.items())
+        peak = "-" if c.peak_bytes is None else f"{c.peak_bytes / GiB:.2f}"
+        lines.append(
+            f"| {i} | {sim.step_seconds:.3f} | {sim.realloc_seconds:.3f} | {peak} | {calls} "
+            f"| '{_quoted(c.allocation_mode)}' |"
+        )
+    if result.rejected:
+        lines.append(f"rejected: {len(result.rejected)} plans")
+        for mode, why in result.rejected[:top]:
+            lines.append(f"  {mode}: {why}")
+    return "\n".join(lines)
+
+
+def _quoted(mode: str) -> str:
+    """As it goes on a hydra command line: a value with commas quoted."""
+    return f'allocation_mode="{mode}"' if "," in mode else f"allocation_mode={mode}"
+
+
+def command_line(argv: list[str]) -> int:
+    from realrl.apps.configs import build_config, register_everything
+
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
+    name, overrides = argv[0], [_search_key(a) for a in argv[1:]]
+    try:
+        register_everything()
+        cfg = build_config(name, overrides)
+        result = search_plan(name, cfg).result
+    except (UserError, NoFeasiblePlan, ValueError) as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(format_result(name, n_workers(cfg), result, cfg.search.top))
+    return 0
+
+
+def _search_key(arg: str) -> str:
+    """``n_nodes=2`` is ``search.n_nodes=2`` (the pinned short names of this command)."""
+    key, sep, value = arg.partition("=")
+    return f"search.{key}={value}" if sep and key in SEARCH_KEYS else arg
+
+
+def main() -> None:
+    status = command_line(sys.argv[1:])
+    if status:
+        sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
