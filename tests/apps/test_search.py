@@ -19,6 +19,12 @@ from realrl.apps.run import plan_phases, run_quickstart
 TINY = ["exp_ctrl.total_train_steps=3", "dataset.train_bs_n_seqs=8"]
 
 
+@pytest.fixture(scope="module")
+def shared_root(tmp_path_factory):
+    """One fileroot for the command-line tests: the second reuses the first's profiles."""
+    return tmp_path_factory.mktemp("search")
+
+
 def _fake_run(seconds: dict[str, float], ran: list[str]):
     """A profiling run that records what it was asked and returns made-up step records."""
 
@@ -56,8 +62,8 @@ def _search_command(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
-def test_the_search_command_prints_plans_to_paste_best_first(tmp_path):
-    done = _search_command("sft", f"fileroot={tmp_path}", *TINY, "n_nodes=1", "n_gpus_per_node=2")
+def test_the_search_command_prints_plans_to_paste_best_first(shared_root):
+    done = _search_command("sft", f"fileroot={shared_root}", *TINY, "n_nodes=1", "n_gpus_per_node=2")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "allocation_mode" in line]
     rows = [r for r in rows if not r.startswith("| rank")]
@@ -69,14 +75,16 @@ def test_the_search_command_prints_plans_to_paste_best_first(tmp_path):
         "'allocation_mode=d2m1p1'",
         "'allocation_mode=d1m2p1'",
     }
-    bad = _search_command("sft", f"fileroot={tmp_path}", "n_gpus_per_node=0")
+    bad = _search_command("sft", f"fileroot={shared_root}", "n_gpus_per_node=0")
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "n_gpus_per_node" in bad.stderr
 
 
-def test_allocation_mode_search_runs_the_best_plan_and_says_which(tmp_path):
+def test_allocation_mode_search_runs_the_best_plan_and_says_which(shared_root):
+    """With the profiles the command above cached (the same experiment, shapes and hardware):
+    nothing is profiled again, only the chosen plan runs."""
     register_everything()
     cfg = build_config(
-        "sft", [f"fileroot={tmp_path}", *TINY, "allocation_mode=search", "search.n_gpus_per_node=2"]
+        "sft", [f"fileroot={shared_root}", *TINY, "allocation_mode=search", "search.n_gpus_per_node=2"]
     )
     from realrl.apps.quickstart import Command, searched
 

@@ -130,6 +130,7 @@ def test_a_killed_run_resumes_to_the_same_records_and_weights(fileroot, name):
         assert os.path.isfile(os.path.join(point, "reward", "rew_inf.rank0.state.pt"))
 
 
+@pytest.mark.slow
 def test_an_asynchronous_run_resumes_to_the_same_records_and_weights(fileroot):
     """Asynchronous GRPO (generation 2 steps ahead on its own worker): the answers drawn from
     weights older than the recover point's come from the point itself, so the resumed run trains
