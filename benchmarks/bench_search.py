@@ -7,7 +7,12 @@ candidate then runs the experiment for ``--steps`` steps from the command line; 
 the median gap between consecutive steps' records after the first two (the last step, which
 saves the model, left out). Candidates: one layout
 for every call (d1, d2, m2), the search's best plans, and the per-call mixes of
-``bench_layouts.py``.
+``bench_layouts.py``. The plan whose run measured the contention between workers is marked: its
+prediction matches by construction, the others' are the test.
+
+Interpolation: a second search, in a cache of its own, profiles the experiment at half and twice
+the batch size, then searches at the batch size itself from those two shapes alone (nothing runs);
+its predictions for the same candidates are the column "interpolated".
 
     python benchmarks/bench_search.py [--experiment ppo] [--steps 10]
     python benchmarks/bench_search.py --smoke   # sft, tiny batches: d1, d2 and the search's best
@@ -27,7 +32,7 @@ from realrl.api.quickstart.plan_space import with_allocation
 from realrl.apps.configs import build_config, register_everything
 from realrl.apps.profiles import step_gap
 from realrl.apps.search import search_plan
-from realrl.system.simulator import simulate
+from realrl.system.simulator import Costs, MissingCost, simulate
 
 ONE_LAYOUT = ["d1m1p1", "d2m1p1", "d1m2p1"]
 MIXES = [  # bench_layouts.py's per-call candidates
@@ -62,7 +67,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=3, help="the search's best plans run too")
     p.add_argument("--fileroot", default="outputs/bench_search")
-    args = parse_args(p, None, experiment="sft", steps=8, top=1)
+    p.add_argument(
+        "--interpolation-workers", type=int, default=2, help="workers of the interpolation search (0: none)"
+    )
+    args = parse_args(p, None, experiment="sft", steps=8, top=1, interpolation_workers=1)
     os.makedirs(args.fileroot, exist_ok=True)
     extra = [*SHORT_BATCHES] if args.smoke else ["toy_eval_prompts=32"]
     if args.smoke and args.experiment == "sft":
@@ -76,32 +84,68 @@ def main() -> None:
     candidates = list(dict.fromkeys([*ONE_LAYOUT, *(c.allocation_mode for c in result.ranked[: args.top])]))
     if not args.smoke:
         candidates += [m for m in MIXES if {part.split(":")[0] for part in m.split(",")} - {"*"} <= names]
+    interpolated = interpolated_costs(args, cfg, extra) if args.interpolation_workers else None
     rows = []
     for mode in dict.fromkeys(candidates):
-        predicted = simulate(with_allocation(exp, mode), costs).step_seconds
+        placed = with_allocation(exp, mode)
+        predicted = simulate(placed, costs).step_seconds
+        guessed = None
+        if interpolated is not None:
+            try:
+                guessed = simulate(placed, interpolated).step_seconds
+            except MissingCost:  # a layout the interpolation search had no workers for
+                pass
         measured = measure(args.experiment, mode, args.steps, args.fileroot, extra)
-        rows.append((mode, predicted, measured))
-    by_measured = sorted(rows, key=lambda r: r[2])
-    best = by_measured[0][2]
+        rows.append((mode, predicted, guessed, measured))
+    by_measured = sorted(rows, key=lambda r: r[3])
+    best = by_measured[0][3]
     print(
         f"{args.experiment} on 2 workers: {result.evaluated} plans searched; {len(rows)} run for {args.steps} steps"
     )
-    print("| plan | predicted s/step | measured s/step | error | measured rank |")
-    print("|---|---|---|---|---|")
-    for mode, predicted, measured in rows:
+    print(
+        "| plan | predicted s/step | measured s/step | error | measured rank | interpolated s/step | error |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for mode, predicted, guessed, measured in rows:
         rank = 1 + [r[0] for r in by_measured].index(mode)
         mark = " (chosen)" if mode == chosen else ""
+        mark += " (contention measured on it)" if mode == searched.contention_plan else ""
+        interp = "- | -" if guessed is None else f"{guessed:.3f} | {_error(guessed, measured)}"
         print(
-            f"| {mode}{mark} | {predicted:.3f} | {measured:.3f} | {100 * (predicted - measured) / measured:+.1f} % "
-            f"| {rank} |"
+            f"| {mode}{mark} | {predicted:.3f} | {measured:.3f} | {_error(predicted, measured)} | {rank} | {interp} |"
         )
-    within = sum(abs(p - m) <= 0.15 * m for _, p, m in rows)
-    chosen_measured = next(m for mode, _, m in rows if mode == chosen)
+    within = sum(abs(p - m) <= 0.15 * m for _, p, _, m in rows)
+    chosen_measured = next(m for mode, _, _, m in rows if mode == chosen)
     print(f"predicted within 15 % of measured: {within} of {len(rows)}")
+    guesses = [(g, m) for _, _, g, m in rows if g is not None]
+    if guesses:
+        near = sum(abs(g - m) <= 0.15 * m for g, m in guesses)
+        print(f"interpolated within 15 % of measured: {near} of {len(guesses)}")
     print(
         f"the chosen plan measured {chosen_measured:.3f} s/step, {100 * (chosen_measured - best) / best:+.1f} % "
         f"from the best measured ({by_measured[0][0]})"
     )
+
+
+def _error(predicted: float, measured: float) -> str:
+    return f"{100 * (predicted - measured) / measured:+.1f} %"
+
+
+def interpolated_costs(args: argparse.Namespace, cfg, extra: list[str]) -> Costs:
+    """The costs at ``cfg``'s batch size from profiles at half and twice it only (their own cache)."""
+    root = os.path.join(args.fileroot, "interpolation")
+    size = cfg.dataset.train_bs_n_seqs
+    kept = [e for e in extra if not e.startswith("dataset.train_bs_n_seqs=")]
+    common = [f"fileroot={root}", f"search.n_gpus_per_node={args.interpolation_workers}", *kept]
+    for n in (size // 2, size * 2):
+        search_plan(args.experiment, build_config(args.experiment, [*common, f"dataset.train_bs_n_seqs={n}"]))
+    at_size = search_plan(
+        args.experiment, build_config(args.experiment, [*common, f"dataset.train_bs_n_seqs={size}"])
+    )
+    if at_size.profiled:
+        raise SystemExit(f"the interpolation search at {size} sequences profiled {at_size.profiled}")
+    print(f"interpolation: profiled at {size // 2} and {size * 2} sequences per step, searched at {size}")
+    return at_size.costs
 
 
 if __name__ == "__main__":

@@ -4,13 +4,19 @@ For every layout the search may give a call, one short run of the experiment pla
 in that layout (``allocation_mode=<layout>``) and records each call's seconds (the median of its
 ``timing`` over the steps after the first two, which include warm-up), scaled so that the
 simulator replays that run's own measured step: the workers' call times leave out the master's
-round trips between calls, and a tensor-parallel rank's time counts its wait for its partner. One more run on two workers
-puts a trained model's generate call on a worker of its own, and its reallocations give the
-bandwidth a move of weights gets (bytes over seconds moving) and the bytes one move of that model
-takes; the other models' bytes follow from their parameter counts. Runs go under
-``<fileroot>/<experiment>-profile/``; the table is cached in ``<fileroot>/plan_profiles/`` under
-a key of the experiment, its models, its batch shapes and the hardware, and reused by every
-search with the same key. A cached table lacking a layout gets only that layout's run.
+round trips between calls, and a tensor-parallel rank's time counts its wait for its partner. One
+more run on two workers puts a trained model's generate call on a worker of its own, and its
+reallocations give the bandwidth a move of weights gets (bytes over seconds moving) and the bytes
+one move of that model takes; the other models' bytes follow from their parameter counts. A last
+run, of a plan whose calls overlap on disjoint workers, gives the contention between workers
+computing side by side (``calibrate_contention``).
+
+Runs go under ``<fileroot>/<experiment>-profile/``; the table is cached in
+``<fileroot>/plan_profiles/`` under a key of the experiment, its models, its interfaces and the
+hardware, with one point per batch shape measured (each call's sequences per step, the prompt
+and answer lengths: a ``Shape``). A search at a shape measured before runs nothing; at a new shape
+it interpolates each call's seconds linearly in the tokens the call processes from two measured
+shapes within reach (``REACH``), and measures only what it cannot interpolate.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from realrl.api.core.dfg import ModelInterfaceType
 from realrl.api.core.layout import Layout
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.base import CommonExperimentConfig
-from realrl.api.quickstart.memory_plan import model_configs, param_counts
+from realrl.api.quickstart.memory_plan import batch_shape, model_configs, param_counts
 from realrl.api.quickstart.plan_space import with_allocation
 from realrl.base import logging
 from realrl.impl.model.backend.integrity import write_json_atomic
@@ -51,14 +57,15 @@ def hardware() -> dict[str, Any]:
 
 
 def profile_key(name: str, exp: ExperimentConfig, cfg: CommonExperimentConfig) -> dict[str, Any]:
-    """The experiment, its models' architectures, its calls' batch shapes and interfaces, the
-    device and the hardware: what the measured seconds depend on."""
+    """The experiment, its models' architectures, its calls' interfaces, the device and the
+    hardware: what the measured seconds depend on besides the batch shape (a ``Shape``: the
+    table holds one point per shape measured)."""
     fallback = _fallback(cfg)
     models = {
         role: None if c is None else dataclasses.asdict(c) for role, c in model_configs(exp, fallback).items()
     }
     calls = {
-        m.name: {"n_seqs": m.n_seqs, "interface": repr(m.interface_impl), "type": m.interface_type.value}
+        m.name: {"interface": _without_shape(m.interface_impl), "type": m.interface_type.value}
         for m in exp.mfcs
     }
     return {
@@ -71,6 +78,21 @@ def profile_key(name: str, exp: ExperimentConfig, cfg: CommonExperimentConfig) -
     }
 
 
+SHAPE_KEYS = frozenset({"max_new_tokens", "min_new_tokens"})  # interface arguments a Shape holds
+
+
+def _without_shape(impl: Any) -> str:
+    """An interface's name and arguments without the lengths a ``Shape`` holds: one profile serves
+    every batch size and answer length of an experiment."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in SHAPE_KEYS}
+        return value
+
+    return repr((impl.type_, strip(impl.args))) if hasattr(impl, "args") else repr(impl)
+
+
 def _fallback(cfg: CommonExperimentConfig) -> dict | None:
     if not cfg.task:
         return None
@@ -79,40 +101,160 @@ def _fallback(cfg: CommonExperimentConfig) -> dict | None:
     return get_task(cfg.task).model_config()
 
 
-@dataclasses.dataclass
-class Profile:
-    """Seconds per (call, layout), the moves' bandwidth and each model's bytes per move."""
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What a call's seconds grow with: each call's sequences per step, the prompt length and the
+    answer length the experiment allows (its configured bounds: answers may end earlier)."""
 
-    calls: dict[tuple[str, str], float]
-    bandwidth: float | None = None
-    model_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
-    # per layout: the profiling run's measured step over the one the simulator makes of its
-    # calls' seconds; the calls' costs in that layout are scaled by it
+    n_seqs: tuple[tuple[str, int], ...]
+    prompt_len: int
+    new_tokens: int
+
+    @classmethod
+    def of(cls, exp: ExperimentConfig) -> Shape:
+        geometry = batch_shape(exp)
+        calls = tuple(sorted((m.name, m.n_seqs) for m in exp.mfcs))
+        return cls(calls, geometry["prompt_len"], geometry["new_tokens"])
+
+    def tokens(self, mfc: str) -> int:
+        """The tokens ``mfc`` processes per step, at most: what its seconds are interpolated over."""
+        return dict(self.n_seqs)[mfc] * (self.prompt_len + self.new_tokens)
+
+    def to_json(self) -> dict:
+        return {"n_seqs": dict(self.n_seqs), "prompt_len": self.prompt_len, "new_tokens": self.new_tokens}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Shape:
+        return cls(tuple(sorted(raw["n_seqs"].items())), raw["prompt_len"], raw["new_tokens"])
+
+
+@dataclasses.dataclass
+class Point:
+    """The calls' seconds measured at one shape; per layout, the profiling run's measured step
+    over the one the simulator makes of its calls' seconds (the calls' costs in that layout are
+    scaled by it: it carries the master's round trips between calls)."""
+
+    shape: Shape
+    calls: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     scale: dict[str, float] = dataclasses.field(default_factory=dict)
 
-    def costs(self) -> Costs:
-        calls = {(m, layout): s * self.scale.get(layout, 1.0) for (m, layout), s in self.calls.items()}
-        return Costs(calls, dict(self.model_bytes), self.bandwidth or 1e12)
+    def scaled(self) -> dict[tuple[str, str], float]:
+        return {
+            (m, layout): s * self.scale[layout]
+            for (m, layout), s in self.calls.items()
+            if layout in self.scale
+        }
+
+    def to_json(self) -> dict:
+        calls = {f"{m}|{layout}": s for (m, layout), s in sorted(self.calls.items())}
+        return {"shape": self.shape.to_json(), "calls": calls, "scale": self.scale}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Point:
+        calls = {tuple(k.split("|", 1)): float(v) for k, v in raw["calls"].items()}
+        return cls(Shape.from_json(raw["shape"]), calls, {k: float(v) for k, v in raw["scale"].items()})
+
+
+@dataclasses.dataclass
+class Profile:
+    """The measured shapes (``points``), the moves' bandwidth, each model's bytes per move, and
+    the contention between workers computing side by side (None: not measured yet) with the plan
+    whose run measured it."""
+
+    points: list[Point] = dataclasses.field(default_factory=list)
+    bandwidth: float | None = None
+    model_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
+    contention: float | None = None
+    contention_plan: str | None = None  # the plan whose run measured it
+
+    def point(self, shape: Shape) -> Point:
+        """The point measured at ``shape`` (a new, empty one added if none is)."""
+        for p in self.points:
+            if p.shape == shape:
+                return p
+        self.points.append(Point(shape))
+        return self.points[-1]
+
+    def covers(self, shape: Shape, layout: str) -> bool:
+        """Whether ``layout``'s costs at ``shape`` are measured, or lie within reach of two other
+        measured shapes (between them, or at most ``REACH`` times beyond)."""
+        measured = [p for p in self.points if layout in p.scale]
+        if any(p.shape == shape for p in measured):
+            return True
+        calls = [m for m, _ in shape.n_seqs]
+        for m in calls:
+            sizes = {p.shape.tokens(m) for p in measured if dict(p.shape.n_seqs).get(m)}
+            if len(sizes) < 2 or not min(sizes) / REACH <= shape.tokens(m) <= max(sizes) * REACH:
+                return False
+        return True
+
+    def costs(self, shape: Shape) -> Costs:
+        """The calls' costs at ``shape``: measured there, or interpolated linearly in the tokens
+        each call processes from the measured shapes nearest it."""
+        exact = next((p for p in self.points if p.shape == shape), None)
+        calls = dict(exact.scaled()) if exact is not None else {}
+        samples: dict[tuple[str, str], dict[int, list[float]]] = {}
+        for p in self.points:
+            for (m, layout), s in p.scaled().items():
+                if (m, layout) not in calls and dict(p.shape.n_seqs).get(m):
+                    samples.setdefault((m, layout), {}).setdefault(p.shape.tokens(m), []).append(s)
+        for (m, layout), by_size in samples.items():
+            curve = sorted((w, statistics.mean(v)) for w, v in by_size.items())
+            if len(curve) >= 2:
+                calls[(m, layout)] = _interpolate(curve, shape.tokens(m))
+        return Costs(calls, dict(self.model_bytes), self.bandwidth or 1e12, contention=self.contention or 1.0)
 
     def to_json(self, key: dict) -> dict:
         return {
             "key": key,
-            "calls": {f"{m}|{layout}": s for (m, layout), s in sorted(self.calls.items())},
+            "points": [p.to_json() for p in self.points],
             "bandwidth": self.bandwidth,
             "model_bytes": self.model_bytes,
-            "scale": self.scale,
+            "contention": self.contention,
+            "contention_plan": self.contention_plan,
         }
 
     @classmethod
     def from_json(cls, raw: dict) -> Profile:
-        calls = {tuple(k.split("|", 1)): float(v) for k, v in raw["calls"].items()}
+        points = [Point.from_json(p) for p in raw.get("points", [])]
         model_bytes = {k: float(v) for k, v in raw.get("model_bytes", {}).items()}
-        return cls(calls, raw.get("bandwidth"), model_bytes, dict(raw.get("scale", {})))
+        return cls(
+            points, raw.get("bandwidth"), model_bytes, raw.get("contention"), raw.get("contention_plan")
+        )
+
+    def save(self, path: str, key: dict) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomic(path, self.to_json(key))
+
+
+REACH = 2.0  # how far beyond the measured sizes a call's seconds are extrapolated
+
+
+def _interpolate(curve: list[tuple[int, float]], size: int) -> float:
+    """Piecewise linear through ``curve`` (sizes ascending); beyond it, the line through its two
+    nearest points, kept above a tenth of the nearest measured seconds."""
+    if size <= curve[0][0]:
+        (w0, t0), (w1, t1) = curve[0], curve[1]
+    elif size >= curve[-1][0]:
+        (w0, t0), (w1, t1) = curve[-2], curve[-1]
+    else:
+        i = next(i for i, (w, _) in enumerate(curve) if w >= size)
+        (w0, t0), (w1, t1) = curve[i - 1], curve[i]
+    value = t0 + (t1 - t0) * (size - w0) / (w1 - w0)
+    nearest = min(curve, key=lambda wt: abs(wt[0] - size))[1]
+    return max(value, nearest / 10)
 
 
 def cache_path(fileroot: str, key: dict) -> str:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return os.path.join(fileroot, "plan_profiles", f"{key['experiment']}-{digest}.json")
+
+
+def load(path: str) -> Profile:
+    if not os.path.isfile(path):
+        return Profile()
+    with open(path) as f:
+        return Profile.from_json(json.load(f))
 
 
 Runner = Callable[[CommonExperimentConfig], list[dict]]
@@ -125,30 +267,34 @@ def profile(
     layouts: list[Layout],
     n_workers: int,
     run: Runner,
+    interpolate: bool = True,
 ) -> tuple[Profile, str, list[str]]:
-    """The cached table for ``cfg``, completed by a run for each layout it lacks (and the
-    bandwidth run on 2+ workers when it has none). ``run(config)``: runs one short experiment and
-    returns its step records. Returns the table, its file and the runs it took (labels)."""
+    """The cached table for ``cfg``, completed by a run at ``cfg``'s shape for each layout it
+    neither measured there nor can interpolate (``interpolate``: from two other shapes within
+    reach), and the bandwidth run on 2+ workers when it has none. ``run(config)``: runs one short
+    experiment and returns its step records. Returns the table, its file and the runs it took."""
     key = profile_key(name, exp, cfg)
     path = cache_path(cfg.fileroot, key)
-    table = Profile({})
-    if os.path.isfile(path):
-        with open(path) as f:
-            table = Profile.from_json(json.load(f))
+    table = load(path)
+    shape = Shape.of(exp)
     ran = []
     for layout in layouts:
         text = str(layout)
-        if text in table.scale:
+        measured = text in table.point(shape).scale
+        if measured or (interpolate and table.covers(shape, text)):
             continue
         logger.info("profiling every call of %s in layout %s (%d steps)", name, text, PROFILE_STEPS)
         placed = with_allocation(exp, text)  # a call that sees the whole batch stays on one worker
         records = run(_short(cfg, text, f"profile-{text}"))
         graph = {m.name for m in exp.mfcs}  # "eval" and the like are no calls of the graph
+        here = table.point(shape)
         for mfc, seconds in call_seconds(records).items():
             if mfc in graph:
-                table.calls.setdefault((mfc, str(placed.call_placement(mfc).layout)), seconds)
-        table.scale[text] = step_gap(records) / simulate(placed, Costs(dict(table.calls))).step_seconds
+                here.calls.setdefault((mfc, str(placed.call_placement(mfc).layout)), seconds)
+        unscaled = Costs({k: s for k, s in here.calls.items()})
+        here.scale[text] = step_gap(records) / simulate(placed, unscaled).step_seconds
         ran.append(text)
+    table.points = [p for p in table.points if p.scale]
     mover = _moved_call(exp)
     if table.bandwidth is None and n_workers >= 2 and mover is not None:
         mode = f"{mover.name}:d1m1p1@1,*:d1m1p1"
@@ -158,9 +304,40 @@ def profile(
         table.model_bytes = _model_bytes(exp, cfg, mover.role, moved)
         ran.append(mode)
     if ran:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_json_atomic(path, table.to_json(key))
+        table.save(path, key)
     return table, path, ran
+
+
+def calibrate_contention(
+    cfg: CommonExperimentConfig, exp: ExperimentConfig, table: Profile, path: str, mode: str, run: Runner
+) -> float:
+    """Run ``mode`` (a plan whose calls overlap on disjoint workers) briefly and find the
+    contention at which the simulator replays its measured step; stored in the table at ``path``."""
+    placed = with_allocation(exp, mode)
+    costs = table.costs(Shape.of(exp))
+    if simulate(placed, costs).overlap == 0.0:
+        raise ValueError(f"nothing overlaps in {mode}: it cannot measure the contention between workers")
+    measured = step_gap(run(_short(cfg, mode, "profile-contention")))
+
+    def predicted(c: float) -> float:
+        return simulate(placed, dataclasses.replace(costs, contention=c)).step_seconds
+
+    low, high = 1.0, MAX_CONTENTION
+    if predicted(low) >= measured:
+        high = low
+    elif predicted(high) <= measured:
+        low = high
+    for _ in range(40):  # the step grows with the contention: bisect
+        mid = (low + high) / 2
+        low, high = (mid, high) if predicted(mid) < measured else (low, mid)
+    table.contention, table.contention_plan = (low + high) / 2, mode
+    with open(path) as f:
+        key = json.load(f)["key"]
+    table.save(path, key)
+    return table.contention
+
+
+MAX_CONTENTION = 4.0
 
 
 def _short(cfg: CommonExperimentConfig, allocation_mode: str, trial: str) -> CommonExperimentConfig:

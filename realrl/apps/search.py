@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 
 from realrl.api.core.devices import is_cuda, visible_gpu_count
 from realrl.api.core.system_api import ExperimentConfig
@@ -25,13 +26,26 @@ from realrl.api.quickstart.memory_plan import model_configs, plan_memory
 from realrl.api.quickstart.plan_space import call_options
 from realrl.apps.errors import EXIT_USER_ERROR, UserError, one_line
 from realrl.base import logging
-from realrl.system.plan_search import NoFeasiblePlan, SearchResult, search
+from realrl.system.plan_search import Candidate, NoFeasiblePlan, SearchResult, search
 from realrl.system.simulator import Costs
 
 logger = logging.getLogger("search")
 
 GiB = 1024**3
-SEARCH_KEYS = ("n_nodes", "n_gpus_per_node", "device_memory_gb", "seed", "iterations", "time_limit_s", "top")
+SEARCH_KEYS = (
+    "n_nodes",
+    "n_gpus_per_node",
+    "device_memory_gb",
+    "seed",
+    "iterations",
+    "time_limit_s",
+    "top",
+    "costs",
+    "hardware",
+    "interpolate",
+    "contention",
+    "compare",
+)
 
 
 def n_workers(cfg: CommonExperimentConfig) -> int:
@@ -46,41 +60,86 @@ class PlanSearch:
     result: SearchResult  # the plans, best first
     experiment: ExperimentConfig  # the experiment searched (in layout d1)
     costs: Costs  # what its calls and moves cost
+    profiled: list[str] = dataclasses.field(default_factory=list)  # the profiling runs it took
+    contention_plan: str | None = None  # the plan whose run measured the contention
 
 
 def search_plan(name: str, cfg: CommonExperimentConfig) -> PlanSearch:
-    """Profile (what the cache lacks), then search: ``cfg``'s plans best first. The phases it
-    builds on (SFT, a reward model) run first when their checkpoints are missing: the profiling
-    runs read them."""
-    from realrl.apps.profiles import profile
+    """Cost the calls (profiling what the cache lacks, or on paper), then search: ``cfg``'s plans
+    best first. The phases it builds on (SFT, a reward model) run first when their checkpoints
+    are missing: the profiling runs read them."""
     from realrl.apps.run import plan_phases, run_one
 
-    workers = n_workers(cfg)
+    options = cfg.search
+    workers, per_node = n_workers(cfg), options.n_gpus_per_node
     provisional = dataclasses.replace(cfg, allocation_mode="d1")
-    *before, phase = plan_phases(name, provisional)
-    for pre in before:
-        logger.info("running the %s phase first: the profiling runs build on it", pre.name)
-        run_one(pre.config, exp=pre.experiment)
-    exp = phase.experiment
-    layouts = sorted({p.layout for m in exp.mfcs for p in call_options(m, workers)}, key=str)
-    table, path, ran = profile(name, provisional, exp, layouts, workers, run=lambda c: run_one(c))
-    logger.info("call costs from %s%s", path, f" (profiled now: {', '.join(ran)})" if ran else " (cached)")
+    paper = options.costs == "paper"
+    if paper:  # nothing runs: the model folders need only their config.json, the data no file
+        exp = provisional.initial_setup()
+    else:
+        *before, phase = plan_phases(name, provisional)
+        for pre in before:
+            logger.info("running the %s phase first: the profiling runs build on it", pre.name)
+            run_one(pre.config, exp=pre.experiment)
+        exp = phase.experiment
     configs = model_configs(exp, _fallback(cfg))
-    limit = cfg.search.device_memory_gb
-    if limit is None and is_cuda(exp.device):
+    limit = options.device_memory_gb
+    if limit is None and (paper or is_cuda(exp.device)):
         limit = 80.0
-    costs = table.costs()
-    result = search(
-        exp,
-        costs,
-        workers,
-        memory=lambda planned: max(w.peak for w in plan_memory(planned, configs).workers),
-        limit_bytes=None if limit is None else int(limit * GiB),
-        seed=cfg.search.seed,
-        iterations=cfg.search.iterations,
-        time_limit=cfg.search.time_limit_s,
-    )
-    return PlanSearch(result, exp, costs)
+
+    def ranked(costs: Costs) -> SearchResult:
+        return search(
+            exp,
+            costs,
+            workers,
+            memory=lambda planned: max(w.peak for w in plan_memory(planned, configs).workers),
+            limit_bytes=None if limit is None else int(limit * GiB),
+            seed=options.seed,
+            iterations=options.iterations,
+            time_limit=options.time_limit_s,
+            per_node=per_node,
+            compare=options.compare,
+        )
+
+    if paper:
+        from realrl.system.paper_costs import HARDWARE, paper_costs
+
+        if options.hardware not in HARDWARE:
+            raise UserError(f"search.hardware={options.hardware!r} is not one of {sorted(HARDWARE)}")
+        costs = paper_costs(exp, configs, workers, HARDWARE[options.hardware])
+        return PlanSearch(ranked(costs), exp, costs)
+    return _profiled_search(name, provisional, exp, workers, per_node, ranked, run_one)
+
+
+def _profiled_search(
+    name: str,
+    cfg: CommonExperimentConfig,
+    exp: ExperimentConfig,
+    workers: int,
+    per_node: int | None,
+    ranked: Callable[[Costs], SearchResult],
+    run: Callable[[CommonExperimentConfig], list[dict]],
+) -> PlanSearch:
+    """Profile what the cache lacks, search; then, once per cache, run the best plan whose calls
+    overlap on disjoint workers to measure the contention between them, and search again."""
+    from realrl.apps.profiles import Shape, calibrate_contention, profile
+
+    layouts = sorted({p.layout for m in exp.mfcs for p in call_options(m, workers, per_node)}, key=str)
+    table, path, ran = profile(name, cfg, exp, layouts, workers, run=run, interpolate=cfg.search.interpolate)
+    logger.info("call costs from %s%s", path, f" (profiled now: {', '.join(ran)})" if ran else " (cached)")
+    shape = Shape.of(exp)
+    result = ranked(table.costs(shape))
+    if cfg.search.contention and table.contention is None and workers >= 2:
+        overlapping = next((c for c in result.ranked if c.simulation.overlap > OVERLAP_TO_MEASURE), None)
+        if overlapping is not None:
+            c = calibrate_contention(cfg, exp, table, path, overlapping.allocation_mode, run)
+            logger.info("contention %.2f, measured by running %s", c, overlapping.allocation_mode)
+            ran.append(overlapping.allocation_mode)
+            result = ranked(table.costs(shape))
+    return PlanSearch(result, exp, table.costs(shape), ran, table.contention_plan)
+
+
+OVERLAP_TO_MEASURE = 0.05  # the least overlap of a plan the contention is measured on
 
 
 def _fallback(cfg: CommonExperimentConfig) -> dict | None:
@@ -100,18 +159,30 @@ def format_result(name: str, workers: int, result: SearchResult, top: int) -> st
         "|---|---|---|---|---|---|",
     ]
     for i, c in enumerate(result.ranked[:top], 1):
-        sim = c.simulation
-        calls = ", ".join(f"{k} {v:.3f}" for k, v in sim.call_seconds.items())
-        peak = "-" if c.peak_bytes is None else f"{c.peak_bytes / GiB:.2f}"
-        lines.append(
-            f"| {i} | {sim.step_seconds:.3f} | {sim.realloc_seconds:.3f} | {peak} | {calls} "
-            f"| '{_quoted(c.allocation_mode)}' |"
-        )
+        lines.append(_row(str(i), c))
+    if result.compared:
+        lines.append("compared (rank: where it falls among the plans searched):")
+        for mode, c in result.compared.items():
+            if isinstance(c, str):
+                lines.append(f"  {mode}: {c}")
+                continue
+            rank = 1 + sum(r.simulation.step_seconds < c.simulation.step_seconds for r in result.ranked)
+            lines.append(_row(f"~{rank}", c))
     if result.rejected:
         lines.append(f"rejected: {len(result.rejected)} plans")
         for mode, why in result.rejected[:top]:
             lines.append(f"  {mode}: {why}")
     return "\n".join(lines)
+
+
+def _row(rank: str, c: Candidate) -> str:
+    sim = c.simulation
+    calls = ", ".join(f"{k} {v:.3f}" for k, v in sim.call_seconds.items())
+    peak = "-" if c.peak_bytes is None else f"{c.peak_bytes / GiB:.2f}"
+    return (
+        f"| {rank} | {sim.step_seconds:.3f} | {sim.realloc_seconds:.3f} | {peak} | {calls} "
+        f"| '{_quoted(c.allocation_mode)}' |"
+    )
 
 
 def _quoted(mode: str) -> str:

@@ -5,7 +5,11 @@ a Metropolis search ("ReaL: Efficient RLHF Training of Large Language Models wit
 Reallocation" searches its plans by MCMC too) starts from the best plan that uses one layout for
 every call, changes one call's placement at a time, keeps a better plan always and a worse one
 with probability exp(-(t_new - t_old) / (temperature * t_old)), and stops after ``iterations``
-proposals (or ``time_limit`` seconds, whichever comes first). With a seed and no time limit
+proposals (or ``time_limit`` seconds, whichever comes first); plans given to compare are starting
+points too, so the search never returns worse than a hand-made plan in its space. Plans over the device memory are
+states of the walk too, above every plan that fits and ordered by their excess: where no
+one-layout plan fits (a 70B model), the walk descends from the least excessive one to plans
+that do. With a seed and no time limit
 reached, the result is the same on every machine. Plans the runtime refuses, or whose memory
 plan exceeds the device, are reported as rejected with the reason.
 """
@@ -17,12 +21,12 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from realrl.api.core.layout import Placement
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.plan_space import Plan, call_options, with_allocation
-from realrl.system.simulator import Costs, Simulation, simulate
+from realrl.system.simulator import Costs, MissingCost, Simulation, simulate
 
 
 @dataclasses.dataclass
@@ -39,6 +43,9 @@ class SearchResult:
     evaluated: int
     exhaustive: bool
     seconds: float
+    # plans asked for by name (e.g. hand-made ones), scored with the same costs: a candidate, or
+    # why it was rejected
+    compared: dict[str, Candidate | str] = dataclasses.field(default_factory=dict)
 
 
 class NoFeasiblePlan(ValueError):
@@ -57,19 +64,36 @@ def search(
     time_limit: float | None = None,
     temperature: float = 0.05,
     steps: int = 16,
+    per_node: int | None = None,
+    compare: Sequence[str] = (),
 ) -> SearchResult:
-    """The plans of ``exp`` on ``n_workers`` workers, best (shortest simulated step) first.
-    ``memory(plan's config)``: its largest worker's peak bytes, checked against ``limit_bytes``."""
+    """The plans of ``exp`` on ``n_workers`` workers (``per_node`` in each node), best (shortest
+    simulated step) first. ``memory(plan's config)``: its largest worker's peak bytes, checked
+    against ``limit_bytes``. ``compare``: ``allocation_mode`` strings scored beside the search."""
     start = time.monotonic()
-    options = [call_options(m, n_workers) for m in exp.mfcs]
+    options = [call_options(m, n_workers, per_node) for m in exp.mfcs]
     scored: dict[str, Candidate | None] = {}
     rejected: dict[str, str] = {}
+
+    over: dict[str, float] = {}  # plans over the device memory: by how much (a fraction of it)
 
     def score(choice: tuple[Placement, ...]) -> Candidate | None:
         used = {w for p in choice for w in p.workers}
         if used != set(range(max(used) + 1)):
             return None  # a worker left idle below one in use: the same plan moved up, skipped
+        return evaluate(Plan.of(exp.mfcs, choice).allocation_mode())
+
+    def energy(choice: tuple[Placement, ...]) -> float | None:
+        """What the Metropolis walk minimises: a feasible plan's step; a plan over the memory
+        ranks above every feasible one, lower the less it exceeds (so the walk finds its way to
+        plans that fit from a start that does not); a refused plan is no state at all."""
+        found = score(choice)
+        if found is not None:
+            return found.simulation.step_seconds
         mode = Plan.of(exp.mfcs, choice).allocation_mode()
+        return OVER_MEMORY * (1 + over[mode]) if mode in over else None
+
+    def evaluate(mode: str) -> Candidate | None:
         if mode in scored:
             return scored[mode]
         scored[mode] = None
@@ -85,8 +109,14 @@ def search(
             return None
         if peak is not None and limit_bytes is not None and peak > limit_bytes:
             rejected[mode] = f"needs {peak / 2**30:.2f} GiB on a device of {limit_bytes / 2**30:.2f} GiB"
+            over[mode] = peak / limit_bytes - 1
             return None
-        scored[mode] = Candidate(mode, simulate(planned, costs, steps=steps), peak)
+        try:
+            simulation = simulate(planned, costs, steps=steps)
+        except MissingCost as e:  # a plan asked for by name in a layout nobody costed
+            rejected[mode] = f"no cost: {e.args[0]}"
+            return None
+        scored[mode] = Candidate(mode, simulation, peak)
         return scored[mode]
 
     size = math.prod(len(o) for o in options)
@@ -95,44 +125,64 @@ def search(
         for choice in itertools.product(*options):
             score(choice)
     else:
-        _metropolis(options, score, random.Random(seed), iterations, time_limit, start, temperature)
+        starts = [c for mode in compare if (c := _choice(exp, mode, options)) is not None]
+        _metropolis(options, energy, random.Random(seed), iterations, time_limit, start, temperature, starts)
     ranked = sorted((c for c in scored.values() if c is not None), key=lambda c: c.simulation.step_seconds)
+    evaluated, refusals = len(scored), sorted(rejected.items())
+    compared: dict[str, Candidate | str] = {}
+    for mode in compare:
+        scored.pop(mode, None)  # scored again, so that a rejection says why
+        found = evaluate(mode)
+        compared[mode] = found if found is not None else rejected.get(mode, "refused")
     if not ranked:
         reasons = "; ".join(f"{m}: {why}" for m, why in list(rejected.items())[:5])
         raise NoFeasiblePlan(
             f"no plan of {exp.experiment_name!r} on {n_workers} workers is feasible ({len(rejected)} "
             f"rejected; e.g. {reasons})"
         )
-    return SearchResult(ranked, sorted(rejected.items()), len(scored), exhaustive, time.monotonic() - start)
+    return SearchResult(ranked, refusals, evaluated, exhaustive, time.monotonic() - start, compared)
+
+
+def _choice(exp: ExperimentConfig, mode: str, options: list[list[Placement]]) -> tuple[Placement, ...] | None:
+    """``mode`` as a point of the space (None: the runtime refuses it, or it lies outside)."""
+    try:
+        planned = with_allocation(exp, mode)
+    except ValueError:
+        return None
+    choice = tuple(planned.call_placement(m.name) for m in exp.mfcs)
+    return choice if all(p in o for p, o in zip(choice, options, strict=True)) else None
+
+
+OVER_MEMORY = 1e6  # the energy of a plan over the device memory, times one plus its excess
 
 
 def _metropolis(
     options: list[list[Placement]],
-    score: Callable[[tuple[Placement, ...]], Candidate | None],
+    energy: Callable[[tuple[Placement, ...]], float | None],
     rng: random.Random,
     iterations: int,
     time_limit: float | None,
     start: float,
     temperature: float,
+    starts: Sequence[tuple[Placement, ...]] = (),
 ) -> None:
-    """Walk the space from the best one-layout plan (``score`` records every plan it sees)."""
-    uniform = []
-    for placement in options[0]:
-        choice = tuple(placement if placement in o else o[0] for o in options)
-        if (c := score(choice)) is not None:
-            uniform.append((c.simulation.step_seconds, choice))
-    if not uniform:
+    """Walk the space from the plan of least energy among the one-layout plans and ``starts``
+    (the scoring records every plan it sees): proposals change one call's placement; a lower
+    energy is always taken, a higher one with probability exp(-(e_new - e_old) / (temperature *
+    e_old))."""
+    first = [tuple(p if p in o else o[0] for o in options) for p in options[0]]
+    begun = [(e, choice) for choice in [*first, *starts] if (e := energy(choice)) is not None]
+    if not begun:
         return
-    current_t, current = min(uniform, key=lambda tc: tc[0])
+    current_e, current = min(begun, key=lambda ec: ec[0])
     for _ in range(iterations):
         if time_limit is not None and time.monotonic() - start > time_limit:
             return
         i = rng.randrange(len(options))
         proposal = list(current)
         proposal[i] = rng.choice(options[i])
-        c = score(tuple(proposal))
-        if c is None:
+        e = energy(tuple(proposal))
+        if e is None:
             continue
-        t = c.simulation.step_seconds
-        if t <= current_t or rng.random() < math.exp(-(t - current_t) / (temperature * current_t)):
-            current_t, current = t, tuple(proposal)
+        if e <= current_e or rng.random() < math.exp(-(e - current_e) / (temperature * current_e)):
+            current_e, current = e, tuple(proposal)

@@ -9,8 +9,11 @@ time on it); every worker runs what it is given in posting order, one thing at a
 call or a reallocation on several workers starts once it is first in line on all of them. So colocated
 calls take turns and calls on disjoint workers overlap, exactly as in a run. What it needs is
 what things cost (``Costs``): each call's seconds in its layout, and a reallocation's from the
-bytes it moves. Data transfers between workers are not charged (they are small next to the
-calls and, under asynchronous RL, pushed while the producers go on).
+bytes it moves, and how much workers slow each other down when they compute side by side
+(``contention``: on a CPU machine the workers share cores, caches and memory bandwidth; a task
+runs ``1 + (contention - 1) * f`` times longer while a fraction ``f`` of the other workers is
+busy). Data transfers between workers are not charged (they are small next to the calls and,
+under asynchronous RL, pushed while the producers go on).
 
 This is the simulator of execution-plan search ("ReaL: Efficient RLHF Training of Large Language
 Models with Parameter Reallocation", MLSys 2025, replays the graph the same way).
@@ -38,12 +41,14 @@ class MissingCost(KeyError):
 class Costs:
     """Seconds per call in a layout (``calls[(mfc, layout text)]``, e.g. ``("actor_gen",
     "d2m1p1")``), and the reallocations': a role's weights (``model_bytes``) over ``bandwidth``
-    bytes per second, plus ``latency`` seconds each."""
+    bytes per second, plus ``latency`` seconds each; ``contention``: how many times longer a task
+    takes while every other worker is busy too (1: workers never slow each other down)."""
 
     calls: dict[tuple[str, str], float]
     model_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
     bandwidth: float = 1e9
     latency: float = 0.0
+    contention: float = 1.0
 
     def call(self, mfc: str, placement: Placement) -> float:
         key = (mfc, str(placement.layout))
@@ -52,22 +57,43 @@ class Costs:
         return self.calls[key]
 
     def realloc(self, role: str, home: Placement, copy: Placement) -> float:
-        """The copy's workers that hold no part of home receive the whole model: an upper bound
-        on what the planned reallocation moves (it sends each destination only what it lacks)."""
-        share = len(set(copy.workers) - set(home.workers)) / len(copy.workers)
-        return self.latency + share * self.model_bytes.get(role, 0.0) / self.bandwidth
+        """The most any copy rank lacks of its tensor-parallel slice, over the bandwidth: each
+        rank receives what its worker's home slice does not hold, and they receive at once. A
+        worker outside home lacks its whole slice; one that stays in the same slice lacks
+        nothing. (Slices are taken as even fractions of the weights; FSDP's shards are not
+        modelled: a sharded home counts as holding its tensor-parallel slice.)"""
+        held = {w: _slice(home, i) for i, w in enumerate(home.workers)}
+        lacking = 0.0
+        for i, w in enumerate(copy.workers):
+            lo, hi = _slice(copy, i)
+            have = held.get(w)
+            overlap = max(0.0, min(hi, have[1]) - max(lo, have[0])) if have else 0.0
+            lacking = max(lacking, hi - lo - overlap)
+        if lacking <= 1e-12:
+            return 0.0
+        return self.latency + lacking * self.model_bytes.get(role, 0.0) / self.bandwidth
+
+
+def _slice(placement: Placement, index: int) -> tuple[float, float]:
+    """The fraction of the weights the ``index``-th worker of ``placement`` holds."""
+    _, _, tp_rank = placement.layout.coords(index)
+    tp = placement.layout.tp
+    return tp_rank / tp, (tp_rank + 1) / tp
 
 
 @dataclasses.dataclass
 class Simulation:
     """``step_seconds``: the mean time between steps once running (the first ``warmup`` left
-    out); ``call_seconds``: each MFC's seconds per call; ``realloc_seconds``: reallocation per
-    step; ``busy``: each worker's busy fraction over the steps measured."""
+    out); ``call_seconds``: each MFC's seconds per call (slowed by contention where it ran beside
+    another); ``realloc_seconds``: reallocation per step; ``busy``: each worker's busy fraction over
+    the steps measured; ``overlap``: the fraction of that time in which tasks on disjoint workers
+    ran at once (what contention applies to)."""
 
     step_seconds: float
     call_seconds: dict[str, float]
     realloc_seconds: float
     busy: dict[int, float]
+    overlap: float = 0.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -76,6 +102,7 @@ class _Task:
     seconds: float
     call: tuple[MFCDef, int] | None = None  # None: a reallocation
     start: float | None = None
+    left: float = 0.0  # seconds of work still to do at full speed
 
 
 def _producers(config: ExperimentConfig) -> dict[str, list[str]]:
@@ -95,8 +122,10 @@ def simulate(config: ExperimentConfig, costs: Costs, steps: int = 16, warmup: in
     done = dict.fromkeys((m.name for m in mfcs), 0)
     finished: dict[tuple[str, int], float] = {}
     queues: dict[int, collections.deque[_Task]] = collections.defaultdict(collections.deque)
-    running: list[tuple[float, _Task]] = []
+    running: list[_Task] = []
     ran: list[tuple[float, float, _Task]] = []  # (start, end, task) of everything that ran
+    overlapped: list[tuple[float, float]] = []  # spans in which disjoint workers ran tasks at once
+    all_workers = {w for m in mfcs for w in config.call_placement(m.name).workers}
     now = 0.0
 
     def enqueue(task: _Task) -> None:
@@ -132,21 +161,39 @@ def simulate(config: ExperimentConfig, costs: Costs, steps: int = 16, warmup: in
             if head is None or head.start is not None:
                 continue
             if all(queues[v] and queues[v][0] is head for v in head.workers):
-                head.start = now
-                running.append((now + head.seconds, head))
+                head.start, head.left = now, head.seconds
+                running.append(head)
+
+    def speeds() -> list[float]:
+        """Each running task's progress per second: slowed by the other workers busy beside it."""
+        busy_workers = {w for t in running for w in t.workers}
+        out = []
+        for t in running:
+            others = len(all_workers) - len(t.workers)
+            share = len(busy_workers - set(t.workers)) / others if others else 0.0
+            out.append(1.0 / (1.0 + (costs.contention - 1.0) * share))
+        return out
 
     post_ready()
     start_ready()
     while running:
-        running.sort(key=lambda e: e[0])
-        now, task = running.pop(0)
-        ran.append((task.start, now, task))
-        for w in task.workers:
-            queues[w].popleft()
-        if task.call is not None:
-            m, k = task.call
-            finished[(m.name, k)] = now
-            done[m.name] += 1
+        rates = speeds()
+        dt = min(t.left / r for t, r in zip(running, rates))
+        if len({w for t in running for w in t.workers}) > max(len(t.workers) for t in running):
+            overlapped.append((now, now + dt))
+        now += dt
+        for t, r in zip(running, rates):
+            t.left -= dt * r
+        ended = [t for t in running if t.left <= 1e-12]
+        running[:] = [t for t in running if t.left > 1e-12]
+        for task in ended:
+            ran.append((task.start, now, task))
+            for w in task.workers:
+                queues[w].popleft()
+            if task.call is not None:
+                m, k = task.call
+                finished[(m.name, k)] = now
+                done[m.name] += 1
         post_ready()
         start_ready()
     stuck = [m.name for m in mfcs if posted[m.name] < steps]
@@ -164,7 +211,7 @@ def simulate(config: ExperimentConfig, costs: Costs, steps: int = 16, warmup: in
     moving = 0.0
     for a, b, t in ran:
         if t.call is not None and t.call[1] >= warmup:
-            spent[t.call[0].name].append(t.seconds)
+            spent[t.call[0].name].append(b - a)
         for w in t.workers:
             busy[w] += inside(a, b)
         if t.call is None:
@@ -174,4 +221,5 @@ def simulate(config: ExperimentConfig, costs: Costs, steps: int = 16, warmup: in
         call_seconds={name: statistics.mean(v) for name, v in spent.items()},
         realloc_seconds=moving / (steps - warmup),
         busy={w: busy[w] / span for w in sorted(busy)} if span > 0 else {},
+        overlap=sum(inside(a, b) for a, b in overlapped) / span if span > 0 else 0.0,
     )

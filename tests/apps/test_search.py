@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 
 from realrl.api.core.layout import Layout
 from realrl.apps.configs import build_config, register_everything
-from realrl.apps.profiles import profile
+from realrl.apps.profiles import Shape, profile
 from realrl.apps.run import plan_phases, run_quickstart
 
 TINY = ["exp_ctrl.total_train_steps=3", "dataset.train_bs_n_seqs=8"]
@@ -36,25 +37,89 @@ def _fake_run(seconds: dict[str, float], ran: list[str]):
     return run
 
 
-def test_the_profile_is_measured_once_and_a_missing_layout_alone_is_run(tmp_path):
+def _sft(tmp_path, *overrides: str):
     register_everything()
-    cfg = build_config("sft", [f"fileroot={tmp_path}", *TINY])
-    exp = plan_phases("sft", cfg)[-1].experiment
+    cfg = build_config("sft", [f"fileroot={tmp_path}", *TINY[:1], *overrides])
+    return cfg, plan_phases("sft", cfg)[-1].experiment
+
+
+def test_the_profile_is_measured_once_and_a_missing_layout_alone_is_run(tmp_path):
+    cfg, exp = _sft(tmp_path, "dataset.train_bs_n_seqs=8")
     ran: list[str] = []
     run = _fake_run({"trainDefault": 0.05}, ran)
     first, path, _ = profile("sft", cfg, exp, [Layout(), Layout(2)], 2, run)
     assert ran == ["d1m1p1", "d2m1p1"] and os.path.isfile(path)
-    assert first.calls == {("trainDefault", "d1m1p1"): 0.05, ("trainDefault", "d2m1p1"): 0.05}
-    assert first.scale["d1m1p1"] == pytest.approx(
-        2.0
-    )  # a step is 0.1 s, its one call 0.05 s: the rest is overhead
+    shape = Shape.of(exp)
+    assert first.point(shape).calls == {("trainDefault", "d1m1p1"): 0.05, ("trainDefault", "d2m1p1"): 0.05}
+    # a step is 0.1 s, its one call 0.05 s: the rest is overhead, and the cost carries it
+    assert first.point(shape).scale["d1m1p1"] == pytest.approx(2.0)
+    assert first.costs(shape).calls[("trainDefault", "d1m1p1")] == pytest.approx(0.1)
     again, same_path, runs = profile("sft", cfg, exp, [Layout(), Layout(2)], 2, run)
-    assert (runs, same_path, again.calls) == ([], path, first.calls)  # cached: nothing runs
+    assert (runs, same_path) == ([], path) and again.points == first.points  # cached: nothing runs
     _, _, runs = profile("sft", cfg, exp, [Layout(), Layout(2), Layout(1, 2)], 2, run)
     assert runs == ["d1m2p1"]  # only what the cache lacks
-    other = build_config("sft", [f"fileroot={tmp_path}", *TINY[:1], "dataset.train_bs_n_seqs=16"])
-    _, other_path, _ = profile("sft", other, plan_phases("sft", other)[-1].experiment, [Layout()], 2, run)
-    assert other_path != path  # another batch shape: another profile
+
+
+def _sized_run(per_token: float, fixed: float, ran: list[str]):
+    """A profiling run whose call takes ``fixed + per_token * tokens`` seconds, a step twice that."""
+
+    def run(cfg):
+        ran.append(f"{cfg.allocation_mode}@{cfg.dataset.train_bs_n_seqs}")
+        exp = plan_phases("sft", cfg)[-1].experiment
+        seconds = fixed + per_token * Shape.of(exp).tokens("trainDefault")
+        return [
+            {"step": i + 1, "time": 2 * seconds * i, "timing": {"trainDefault": seconds}} for i in range(8)
+        ]
+
+    return run
+
+
+def test_a_new_batch_size_is_interpolated_within_reach_and_profiled_beyond(tmp_path):
+    """One table serves every batch size: measured at 8 and 32 sequences, 16 is interpolated
+    (nothing runs) and exact for a call linear in its tokens; 128 is beyond reach and is run."""
+    ran: list[str] = []
+    run = _sized_run(per_token=1e-4, fixed=0.02, ran=ran)
+    paths = set()
+    for n in (8, 32):
+        cfg, exp = _sft(tmp_path, f"dataset.train_bs_n_seqs={n}")
+        _, path, _ = profile("sft", cfg, exp, [Layout()], 1, run)
+        paths.add(path)
+    assert len(paths) == 1 and ran == ["d1m1p1@8", "d1m1p1@32"]  # one table, two shapes
+    cfg, exp = _sft(tmp_path, "dataset.train_bs_n_seqs=16")
+    table, _, runs = profile("sft", cfg, exp, [Layout()], 1, run)
+    assert runs == []
+    want = 2 * (0.02 + 1e-4 * Shape.of(exp).tokens("trainDefault"))
+    assert table.costs(Shape.of(exp)).calls[("trainDefault", "d1m1p1")] == pytest.approx(want)
+    _, _, runs = profile("sft", cfg, exp, [Layout()], 1, run, interpolate=False)
+    assert runs == ["d1m1p1"]  # asked to measure: measured (and exact from then on)
+    cfg, exp = _sft(tmp_path, "dataset.train_bs_n_seqs=128")
+    _, _, runs = profile("sft", cfg, exp, [Layout()], 1, run)
+    assert runs == ["d1m1p1"] and ran[-1] == "d1m1p1@128"
+
+
+def test_the_contention_is_the_one_that_replays_the_measured_overlapping_plan(tmp_path):
+    """PPO with the critic's calls on worker 1: its training overlaps the actor's. Runs measured
+    at the step the simulator makes with contention 1.5 give back 1.5, kept in the table; a plan
+    in which nothing overlaps cannot tell, and says so."""
+    import dataclasses
+
+    from realrl.api.quickstart.plan_space import with_allocation
+    from realrl.apps.profiles import calibrate_contention, load
+    from realrl.system.simulator import simulate
+
+    register_everything()
+    cfg = build_config("ppo", [f"fileroot={tmp_path}", *TINY])
+    exp = plan_phases("ppo", cfg)[-1].experiment
+    seconds = {m.name: 0.05 for m in exp.mfcs}
+    table, path, _ = profile("ppo", cfg, exp, [Layout()], 1, _fake_run(seconds, []))
+    split = "critic_inf:d1m1p1@1,critic_train:d1m1p1@1,*:d1m1p1"
+    costs = dataclasses.replace(table.costs(Shape.of(exp)), contention=1.5)
+    step = simulate(with_allocation(exp, split), costs).step_seconds
+    measured = [{"step": i + 1, "time": step * i, "timing": {}} for i in range(8)]
+    assert calibrate_contention(cfg, exp, table, path, split, lambda c: measured) == pytest.approx(1.5)
+    assert load(path).contention == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="nothing overlaps"):
+        calibrate_contention(cfg, exp, table, path, "d1m1p1", lambda c: measured)
 
 
 def _search_command(*args: str) -> subprocess.CompletedProcess:
@@ -95,3 +160,24 @@ def test_allocation_mode_search_runs_the_best_plan_and_says_which(shared_root):
     assert summary["allocation_mode"] == chosen
     with open(os.path.join(command.config.run_dir, "summary.json")) as f:
         assert json.load(f)["allocation_mode"] == chosen
+
+
+def test_plans_for_a_cluster_on_paper_need_no_run_and_score_hand_plans_beside(tmp_path):
+    """``costs=paper``: 7B PPO on 8 x H100 from config files alone (no weights, no data, nothing
+    runs); the hand-made plans are scored beside the search, the one over memory with its need."""
+    model = "examples/configs/llama-2-7b"
+    roles = [f"{r}.path={model}" for r in ("actor", "critic", "ref", "rew")]
+    done = _search_command(
+        "ppo", *roles, "dataset.path=prompts.jsonl", f"fileroot={tmp_path}", "n_nodes=1", "n_gpus_per_node=8",
+        "costs=paper", "iterations=300", "top=2", 'compare=["actor:d1m8p1,*:d2m4p1","d8m1p1"]',
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert out.startswith("ppo on 8 workers:") and "a Metropolis search" in out, out
+    rows = [line for line in out.splitlines() if line.startswith("| ")][2:]
+    best, hand = rows[0], next(r for r in rows if "actor:d1m8p1,*:d2m4p1" in r)
+    assert hand.startswith("| ~") and float(best.split("|")[2]) <= float(hand.split("|")[2])
+    assert re.search(r"d8m1p1: needs \d+\.\d+ GiB on a device of 80\.00 GiB", out), out
+    assert not os.path.exists(tmp_path / "plan_profiles")  # nothing was profiled
+    unknown = _search_command("ppo", *roles, "dataset.path=prompts.jsonl", "costs=paper", "hardware=tpu")
+    assert unknown.returncode == 2 and "search.hardware='tpu'" in unknown.stderr

@@ -267,8 +267,14 @@ def test_bench_search(tmp_path, job_root):
     rows = [r for r in out.splitlines() if r.startswith("| d")]
     assert len(rows) == 3, out  # d1, d2 and m2: sft's every plan on 2 workers
     for row in rows:
-        _, plan, predicted, measured, error, rank = [c.strip() for c in row.split("|")[:6]]
+        _, plan, predicted, measured, error, rank, guessed, guess_error = [
+            c.strip() for c in row.split("|")[:8]
+        ]
         assert float(predicted) > 0 and float(measured) > 0 and re.fullmatch(rf"[+-]{NUMBER} %", error), row
+        if plan.startswith("d1m1p1"):  # the interpolation search had one worker: d1 alone
+            assert float(guessed) > 0 and re.fullmatch(rf"[+-]{NUMBER} %", guess_error), row
     assert sum("(chosen)" in r for r in rows) == 1
     assert re.search(r"predicted within 15 % of measured: \d of 3", out), out
+    assert "interpolation: profiled at 4 and 16 sequences per step, searched at 8" in out, out
+    assert re.search(r"interpolated within 15 % of measured: \d of 1", out), out
     assert re.search(rf"the chosen plan measured {NUMBER} s/step, [+-]{NUMBER} % from the best measured", out)

@@ -87,3 +87,49 @@ def test_plans_over_the_device_memory_are_rejected_and_none_left_is_an_error(tmp
     assert any("needs 3.00 GiB on a device of 2.00 GiB" in why for _, why in result.rejected)
     with pytest.raises(NoFeasiblePlan, match="no plan of 'systest' on 2 workers is feasible"):
         search(cfg, COSTS, n_workers=2, memory=memory, limit_bytes=2**29)
+
+
+def test_tensor_parallelism_stays_within_a_node():
+    assert [str(layout) for layout in layouts_up_to(4, per_node=2)] == [
+        "d1m1p1",
+        "d2m1p1",
+        "d1m2p1",
+        "d3m1p1",
+        "d4m1p1",
+        "d2m2p1",
+    ]
+
+
+def test_plans_asked_for_by_name_are_scored_beside_the_search(tmp_path):
+    """A hand-made plan gets the simulator's step with the same costs; one in a layout nobody
+    costed, or one the runtime refuses, is reported with the reason instead of stopping the search."""
+    split, uncosted = "values:d1m1p1@1,critic_train:d1m1p1@1,*:d1m1p1", "gen:d4m1p1,*:d1m1p1"
+    result = search(_config(tmp_path), COSTS, n_workers=2, compare=[split, "d1m1p1", uncosted, "nonsense"])
+    assert result.compared[split].simulation.step_seconds == pytest.approx(9.0)
+    assert result.compared["d1m1p1"].simulation.step_seconds == pytest.approx(12.0)
+    assert "no cost" in result.compared[uncosted] and "d4m1p1" in result.compared[uncosted]
+    assert result.compared["nonsense"].startswith("refused")
+    assert all(m not in dict(result.rejected) for m in (uncosted, "nonsense"))  # the search's own list
+
+
+def test_the_walk_descends_to_plans_that_fit_when_no_one_layout_plan_does(tmp_path):
+    """Every plan that places all calls alike is over the memory (as for a 70B model on its
+    one-layout plans): the Metropolis walk starts from the least excessive and still finds the
+    best split."""
+
+    def memory(planned):
+        placements = {planned.call_placement(m.name) for m in planned.mfcs}
+        return 3 * 2**30 if len(placements) == 1 else 2**30
+
+    result = search(
+        _config(tmp_path),
+        COSTS,
+        n_workers=2,
+        memory=memory,
+        limit_bytes=2 * 2**30,
+        exhaustive_limit=10,
+        iterations=400,
+    )
+    assert not result.exhaustive
+    assert result.ranked[0].simulation.step_seconds == pytest.approx(9.0)
+    assert all(m in dict(result.rejected) for m in ("d1m1p1", "d2m1p1", "d1m2p1"))

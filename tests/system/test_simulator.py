@@ -5,6 +5,8 @@ training with only the pushed version's receive left to pay."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from system_graphs import mock_config
 
@@ -37,6 +39,22 @@ def test_calls_on_disjoint_workers_overlap_within_the_version_rule(tmp_path):
     assert simulate(cfg, costs()).step_seconds == pytest.approx(4 + 1 + 1 + 3)
 
 
+def test_workers_computing_side_by_side_slow_each_other_down(tmp_path):
+    """Contention 1.5: while the critic trains (2 s of work) beside the actor (3 s), both run 1.5x
+    longer: the critic's ends at 3 s, when the actor has done 2 s of its 3; its last second runs
+    alone. A step is 4 + 1 + 1 + 4 s, and the trainings overlap 3 s of it."""
+    cfg = mock_config(tmp_path, "two", allocations={"actor": [0], "critic": [1], "reward": [0]})
+    table = costs()
+    slowed = dataclasses.replace(table, contention=1.5)
+    sim = simulate(cfg, slowed)
+    assert sim.step_seconds == pytest.approx(4 + 1 + 1 + 4)
+    assert sim.call_seconds["critic_train"] == pytest.approx(3.0)
+    assert sim.call_seconds["actor_train"] == pytest.approx(4.0)
+    assert sim.overlap == pytest.approx(3 / 10)
+    alone = simulate(mock_config(tmp_path, "one", allocations=ONE_WORKER), slowed)
+    assert alone.step_seconds == pytest.approx(sum(SECONDS.values())) and alone.overlap == 0.0
+
+
 def test_a_call_on_a_copy_pays_its_reallocation_on_both_sides(tmp_path):
     cfg = mock_config(tmp_path, "copy", allocations=ONE_WORKER, mfc_placements=GEN_ALONE)
     sim = simulate(cfg, costs())
@@ -62,3 +80,20 @@ def test_a_layout_without_a_cost_is_named(tmp_path):
     cfg = mock_config(tmp_path, "dp", allocations={"actor": [0, 1], "critic": [0], "reward": [0]})
     with pytest.raises(MissingCost, match="'gen' in layout d2m1p1"):
         simulate(cfg, costs())
+
+
+def test_a_reallocation_costs_what_the_neediest_copy_rank_lacks():
+    """Each copy rank receives the part of its tensor-parallel slice its worker's home slice does
+    not hold, all at once: the slowest sets the time."""
+    table = Costs({}, model_bytes={"actor": 8e9}, bandwidth=1e9)
+    eight = tuple(range(8))
+    home = Placement(Layout(2, 4), eight)
+    # d1m8: worker 1 holds a quarter [1/4, 1/2) and needs the eighth [1/8, 1/4): 1 GB
+    assert table.realloc("actor", home, Placement(Layout(1, 8), eight)) == pytest.approx(1.0)
+    # d8m1 on the same workers: each lacks three quarters of the whole model
+    assert table.realloc("actor", home, Placement(Layout(8, 1), eight)) == pytest.approx(6.0)
+    assert table.realloc("actor", home, home) == 0.0
+    # a worker outside home receives its whole slice
+    one = Placement(Layout(), (0,))
+    assert table.realloc("actor", one, Placement(Layout(1, 2), (1, 2))) == pytest.approx(4.0)
+    assert table.realloc("actor", one, Placement(Layout(2, 1), (0, 1))) == pytest.approx(8.0)

@@ -32,8 +32,17 @@ class PlanSearchOptions:
     iterations: int = 3000  # Metropolis proposals when the space is too large to try every plan
     time_limit_s: float | None = None  # stops the search early (its result then depends on speed)
     top: int = 10  # plans printed
+    # where call costs come from: "profile" (short runs on this machine, cached) or "paper" (FLOPs
+    # and bytes on `hardware`: plans for a cluster this machine is not)
+    costs: str = "profile"
+    hardware: str = "h100"  # costs=paper: the device kind (realrl/system/paper_costs.py)
+    interpolate: bool = True  # a new batch shape: interpolate from two measured ones within reach
+    contention: bool = True  # measure how workers computing side by side slow each other (1 run)
+    compare: list[str] = dataclasses.field(default_factory=list)  # allocation_modes scored beside
 
     def __post_init__(self) -> None:
+        if self.costs not in ("profile", "paper"):
+            raise ValueError(f"search.costs must be 'profile' or 'paper', got {self.costs!r}")
         if self.n_nodes < 1 or (self.n_gpus_per_node is not None and self.n_gpus_per_node < 1):
             raise ValueError(
                 f"search.n_nodes and search.n_gpus_per_node must be >= 1, got {self.n_nodes} and "

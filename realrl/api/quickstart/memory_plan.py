@@ -142,7 +142,7 @@ def param_counts(cfg: ReaLModelConfig, tp: int, pp: int = 1) -> tuple[int, int]:
     return math.ceil(cfg.n_layers / pp) * layer + embed + norm + head, layer
 
 
-def _shape(exp: ExperimentConfig) -> dict[str, int]:
+def batch_shape(exp: ExperimentConfig) -> dict[str, int]:
     """Batch geometry the KV cache and activation estimates assume (every sequence at full length)."""
     gen = _holder(
         [m.interface_impl.args for m in exp.mfcs if m.interface_type is GEN],
@@ -240,7 +240,7 @@ def role_memory(
     gathered = {
         kind: wbytes * n * fsdp for kind, n in ((GEN, whole), (TRAIN, layer + root), (INF, layer + root))
     }
-    shape, calls, kv_max, act_max, gather_max = _shape(exp), {}, 0, 0, 0
+    shape, calls, kv_max, act_max, gather_max = batch_shape(exp), {}, 0, 0, 0
     for mfc in (m for m in exp.mfcs if m.role == role and exp.call_placement(m.name) == placement):
         kv, act = _call_bytes(mfc, cfg, layout, shape, engine, econf)
         kv_max, act_max = max(kv_max, kv), max(act_max, act)
@@ -270,7 +270,7 @@ def plan_memory(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | N
         )
         resident = sum(m.resident for m in here)
         workers.append(WorkerMemory(w, tuple(m.role for m in here), resident, resident + extra, call))
-    return MemoryPlan(roles, workers, _shape(exp))
+    return MemoryPlan(roles, workers, batch_shape(exp))
 
 
 def model_configs(exp: ExperimentConfig, fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:

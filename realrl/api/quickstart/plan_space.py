@@ -2,7 +2,7 @@
 
 A call may run in any layout ``d<dp>m<tp>p1`` of at most ``n_workers`` ranks, on a block of
 neighbouring workers that starts at a multiple of its size (tensor-parallel ranks stay on
-neighbouring workers, as on one node). A call that must see the whole batch runs on one worker.
+neighbouring workers, within one node). A call that must see the whole batch runs on one worker.
 Pipeline parallelism is not in the space (the runtime refuses ``p > 1``). A plan is written as an
 ``allocation_mode`` a user can paste: the most common placement as ``*``, the other calls by name.
 """
@@ -19,19 +19,20 @@ from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.allocation import parse_allocation
 
 
-def layouts_up_to(n_workers: int) -> list[Layout]:
-    """Every ``d<dp>m<tp>p1`` of at most ``n_workers`` ranks, smallest first."""
+def layouts_up_to(n_workers: int, per_node: int | None = None) -> list[Layout]:
+    """Every ``d<dp>m<tp>p1`` of at most ``n_workers`` ranks, smallest first; tensor parallelism
+    within a node (``tp <= per_node``: its all-reduces run in every layer)."""
     return [
         Layout(dp, tp)
         for size in range(1, n_workers + 1)
-        for tp in range(1, size + 1)
+        for tp in range(1, min(size, per_node or size) + 1)
         if size % tp == 0 and (dp := size // tp) >= 1
     ]
 
 
-def call_options(mfc: MFCDef, n_workers: int) -> list[Placement]:
-    """Where ``mfc`` may run on ``n_workers`` workers."""
-    layouts = [Layout()] if mfc.whole_batch else layouts_up_to(n_workers)
+def call_options(mfc: MFCDef, n_workers: int, per_node: int | None = None) -> list[Placement]:
+    """Where ``mfc`` may run on ``n_workers`` workers (``per_node`` of them in each node)."""
+    layouts = [Layout()] if mfc.whole_batch else layouts_up_to(n_workers, per_node)
     return [
         Placement(layout, tuple(range(first, first + layout.world_size)))
         for layout in layouts
