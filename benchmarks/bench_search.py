@@ -6,8 +6,8 @@ then the simulator over every plan of 2 workers) predicts each candidate's step 
 candidate then runs the experiment for ``--steps`` steps from the command line; its step time is
 the median gap between consecutive steps' records after the first two (the last step, which
 saves the model, left out). Candidates: one layout
-for every call (d1, d2, m2), the search's best plans, and the per-call mixes of
-``bench_layouts.py``. The plan whose run measured the contention between workers is marked: its
+for every call (d1, d2, m2), the search's best plans (those it ran briefly before choosing among
+them: ``search.verify``), and the per-call mixes of ``bench_layouts.py``. The plan whose run measured the contention between workers is marked: its
 prediction matches by construction, the others' are the test.
 
 Interpolation: a second search, in a cache of its own, profiles the experiment at half and twice
@@ -31,7 +31,7 @@ from _smoke import SHORT_BATCHES, parse_args
 from realrl.api.quickstart.plan_space import with_allocation
 from realrl.apps.configs import build_config, register_everything
 from realrl.apps.profiles import step_gap
-from realrl.apps.search import search_plan
+from realrl.apps.search import distinct, search_plan
 from realrl.system.simulator import Costs, MissingCost, simulate
 
 ONE_LAYOUT = ["d1m1p1", "d2m1p1", "d1m2p1"]
@@ -80,8 +80,9 @@ def main() -> None:
     searched = search_plan(args.experiment, cfg)
     result, exp, costs = searched.result, searched.experiment, searched.costs
     names = {m.name for m in exp.mfcs}
-    chosen = result.ranked[0].allocation_mode
-    candidates = list(dict.fromkeys([*ONE_LAYOUT, *(c.allocation_mode for c in result.ranked[: args.top])]))
+    chosen = searched.best.allocation_mode
+    tops = [group[0].allocation_mode for group in distinct(result.ranked)[: args.top]]
+    candidates = list(dict.fromkeys([*ONE_LAYOUT, *tops, *searched.measured, chosen]))
     if not args.smoke:
         candidates += [m for m in MIXES if {part.split(":")[0] for part in m.split(",")} - {"*"} <= names]
     interpolated = interpolated_costs(args, cfg, extra) if args.interpolation_workers else None
@@ -136,7 +137,12 @@ def interpolated_costs(args: argparse.Namespace, cfg, extra: list[str]) -> Costs
     root = os.path.join(args.fileroot, "interpolation")
     size = cfg.dataset.train_bs_n_seqs
     kept = [e for e in extra if not e.startswith("dataset.train_bs_n_seqs=")]
-    common = [f"fileroot={root}", f"search.n_gpus_per_node={args.interpolation_workers}", *kept]
+    common = [
+        f"fileroot={root}",
+        f"search.n_gpus_per_node={args.interpolation_workers}",
+        "search.verify=0",
+        *kept,
+    ]
     for n in (size // 2, size * 2):
         search_plan(args.experiment, build_config(args.experiment, [*common, f"dataset.train_bs_n_seqs={n}"]))
     at_size = search_plan(

@@ -9,7 +9,8 @@ more run on two workers puts a trained model's generate call on a worker of its 
 reallocations give the bandwidth a move of weights gets (bytes over seconds moving) and the bytes
 one move of that model takes; the other models' bytes follow from their parameter counts. A last
 run, of a plan whose calls overlap on disjoint workers, gives the contention between workers
-computing side by side (``calibrate_contention``).
+computing side by side (``calibrate_contention``); and the search's best predicted plans run
+briefly before one is chosen (``measure_plans``).
 
 Runs go under ``<fileroot>/<experiment>-profile/``; the table is cached in
 ``<fileroot>/plan_profiles/`` under a key of the experiment, its models, its interfaces and the
@@ -137,6 +138,7 @@ class Point:
     shape: Shape
     calls: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     scale: dict[str, float] = dataclasses.field(default_factory=dict)
+    measured: dict[str, float] = dataclasses.field(default_factory=dict)  # plan -> s/step run briefly
 
     def scaled(self) -> dict[tuple[str, str], float]:
         return {
@@ -147,12 +149,13 @@ class Point:
 
     def to_json(self) -> dict:
         calls = {f"{m}|{layout}": s for (m, layout), s in sorted(self.calls.items())}
-        return {"shape": self.shape.to_json(), "calls": calls, "scale": self.scale}
+        return {"shape": self.shape.to_json(), "calls": calls, "scale": self.scale, "measured": self.measured}
 
     @classmethod
     def from_json(cls, raw: dict) -> Point:
         calls = {tuple(k.split("|", 1)): float(v) for k, v in raw["calls"].items()}
-        return cls(Shape.from_json(raw["shape"]), calls, {k: float(v) for k, v in raw["scale"].items()})
+        scale = {k: float(v) for k, v in raw["scale"].items()}
+        return cls(Shape.from_json(raw["shape"]), calls, scale, dict(raw.get("measured", {})))
 
 
 @dataclasses.dataclass
@@ -294,7 +297,7 @@ def profile(
         unscaled = Costs({k: s for k, s in here.calls.items()})
         here.scale[text] = step_gap(records) / simulate(placed, unscaled).step_seconds
         ran.append(text)
-    table.points = [p for p in table.points if p.scale]
+    table.points = [p for p in table.points if p.scale or p.measured]
     mover = _moved_call(exp)
     if table.bandwidth is None and n_workers >= 2 and mover is not None:
         mode = f"{mover.name}:d1m1p1@1,*:d1m1p1"
@@ -338,6 +341,28 @@ def calibrate_contention(
 
 
 MAX_CONTENTION = 4.0
+
+
+def measure_plans(
+    cfg: CommonExperimentConfig,
+    exp: ExperimentConfig,
+    table: Profile,
+    path: str,
+    modes: list[str],
+    run: Runner,
+) -> tuple[dict[str, float], list[str]]:
+    """Each of ``modes``' step seconds in a short run at ``cfg``'s shape (cached in the table):
+    the search's best predictions checked before one is chosen. Returns them and the modes run."""
+    here = table.point(Shape.of(exp))
+    ran = []
+    for mode in modes:
+        if mode not in here.measured:
+            here.measured[mode] = step_gap(run(_short(cfg, mode, f"verify-{mode}")))
+            ran.append(mode)
+    if ran:
+        with open(path) as f:
+            table.save(path, json.load(f)["key"])
+    return {m: here.measured[m] for m in modes}, ran
 
 
 def _short(cfg: CommonExperimentConfig, allocation_mode: str, trial: str) -> CommonExperimentConfig:

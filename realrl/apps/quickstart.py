@@ -108,15 +108,16 @@ def searched(command: Command) -> Command:
     from realrl.system.plan_search import NoFeasiblePlan
 
     try:
-        result = search_plan(command.name, command.config).result
+        found = search_plan(command.name, command.config)
     except NoFeasiblePlan as e:
         raise UserError(f"allocation_mode=search: {e}") from e
-    best = result.ranked[0]
+    best = found.best
     logger.info(
-        "allocation_mode=search: %s (predicted %.3f s/step, the best of %d plans on %d workers)",
+        "allocation_mode=search: %s (predicted %.3f s/step%s; %d plans on %d workers)",
         best.allocation_mode,
         best.simulation.step_seconds,
-        result.evaluated,
+        f", measured {found.measured[best.allocation_mode]:.3f}" if found.measured else "",
+        found.result.evaluated,
         n_workers(command.config),
     )
     config = dataclasses.replace(command.config, allocation_mode=best.allocation_mode)

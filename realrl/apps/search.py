@@ -62,6 +62,15 @@ class PlanSearch:
     costs: Costs  # what its calls and moves cost
     profiled: list[str] = dataclasses.field(default_factory=list)  # the profiling runs it took
     contention_plan: str | None = None  # the plan whose run measured the contention
+    measured: dict[str, float] = dataclasses.field(default_factory=dict)  # plans run briefly: s/step
+
+    @property
+    def best(self) -> Candidate:
+        """The plan to run: the fastest measured of those run briefly, else the best predicted."""
+        if self.measured:
+            fastest = min(self.measured, key=self.measured.__getitem__)
+            return next(c for c in self.result.ranked if c.allocation_mode == fastest)
+        return self.result.ranked[0]
 
 
 def search_plan(name: str, cfg: CommonExperimentConfig) -> PlanSearch:
@@ -122,7 +131,7 @@ def _profiled_search(
 ) -> PlanSearch:
     """Profile what the cache lacks, search; then, once per cache, run the best plan whose calls
     overlap on disjoint workers to measure the contention between them, and search again."""
-    from realrl.apps.profiles import Shape, calibrate_contention, profile
+    from realrl.apps.profiles import Shape, calibrate_contention, measure_plans, profile
 
     layouts = sorted({p.layout for m in exp.mfcs for p in call_options(m, workers, per_node)}, key=str)
     table, path, ran = profile(name, cfg, exp, layouts, workers, run=run, interpolate=cfg.search.interpolate)
@@ -136,7 +145,13 @@ def _profiled_search(
             logger.info("contention %.2f, measured by running %s", c, overlapping.allocation_mode)
             ran.append(overlapping.allocation_mode)
             result = ranked(table.costs(shape))
-    return PlanSearch(result, exp, table.costs(shape), ran, table.contention_plan)
+    measured: dict[str, float] = {}
+    if cfg.search.verify and workers >= 2:
+        best = [group[0].allocation_mode for group in distinct(result.ranked)[: cfg.search.verify]]
+        measured, runs = measure_plans(cfg, exp, table, path, best, run)
+        ran += runs
+        logger.info("the best predicted plans run briefly: %s", {m: round(s, 4) for m, s in measured.items()})
+    return PlanSearch(result, exp, table.costs(shape), ran, table.contention_plan, measured)
 
 
 OVERLAP_TO_MEASURE = 0.05  # the least overlap of a plan the contention is measured on
@@ -150,16 +165,26 @@ def _fallback(cfg: CommonExperimentConfig) -> dict | None:
     return get_task(cfg.task).model_config()
 
 
-def format_result(name: str, workers: int, result: SearchResult, top: int) -> str:
+def format_result(
+    name: str, workers: int, result: SearchResult, top: int, measured: dict[str, float] | None = None
+) -> str:
+    """The plans best predicted first (``measured``: the s/step of those run briefly)."""
+    measured = measured or {}
     how = "every plan" if result.exhaustive else "a Metropolis search"
     lines = [
         f"{name} on {workers} workers: {result.evaluated} plans tried ({how}, {result.seconds:.1f} s), "
         f"{len(result.ranked)} feasible, best first",
-        "| rank | step s | reallocation s/step | peak GiB/device | calls s | allocation_mode |",
-        "|---|---|---|---|---|---|",
+        "| rank | step s | measured s | reallocation s/step | peak GiB/device | calls s | allocation_mode |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for i, c in enumerate(result.ranked[:top], 1):
-        lines.append(_row(str(i), c))
+    for i, (first, *alike) in enumerate(distinct(result.ranked)[:top], 1):
+        rank = f"{i} (+{len(alike)} alike)" if alike else str(i)
+        lines.append(_row(rank, first, measured.get(first.allocation_mode)))
+    if measured:
+        fastest = min(measured, key=measured.__getitem__)
+        lines.append(
+            f"chosen: {_quoted(fastest)} (the fastest of the {len(measured)} best predicted, run briefly)"
+        )
     if result.compared:
         lines.append("compared (rank: where it falls among the plans searched):")
         for mode, c in result.compared.items():
@@ -167,7 +192,7 @@ def format_result(name: str, workers: int, result: SearchResult, top: int) -> st
                 lines.append(f"  {mode}: {c}")
                 continue
             rank = 1 + sum(r.simulation.step_seconds < c.simulation.step_seconds for r in result.ranked)
-            lines.append(_row(f"~{rank}", c))
+            lines.append(_row(f"~{rank}", c, None))
     if result.rejected:
         lines.append(f"rejected: {len(result.rejected)} plans")
         for mode, why in result.rejected[:top]:
@@ -175,12 +200,27 @@ def format_result(name: str, workers: int, result: SearchResult, top: int) -> st
     return "\n".join(lines)
 
 
-def _row(rank: str, c: Candidate) -> str:
+def distinct(ranked: list[Candidate]) -> list[list[Candidate]]:
+    """The plans grouped by their figures, best first: plans of one group differ only where it
+    makes no difference (which worker computes the advantages, say)."""
+    groups: dict[tuple, list[Candidate]] = {}
+    for c in ranked:
+        groups.setdefault(_figures(c), []).append(c)
+    return list(groups.values())
+
+
+def _figures(c: Candidate) -> tuple:
+    sim = c.simulation
+    return (sim.step_seconds, sim.realloc_seconds, c.peak_bytes, tuple(sorted(sim.call_seconds.items())))
+
+
+def _row(rank: str, c: Candidate, measured: float | None) -> str:
     sim = c.simulation
     calls = ", ".join(f"{k} {v:.3f}" for k, v in sim.call_seconds.items())
     peak = "-" if c.peak_bytes is None else f"{c.peak_bytes / GiB:.2f}"
+    seen = "-" if measured is None else f"{measured:.3f}"
     return (
-        f"| {rank} | {sim.step_seconds:.3f} | {sim.realloc_seconds:.3f} | {peak} | {calls} "
+        f"| {rank} | {sim.step_seconds:.3f} | {seen} | {sim.realloc_seconds:.3f} | {peak} | {calls} "
         f"| '{_quoted(c.allocation_mode)}' |"
     )
 
@@ -200,11 +240,11 @@ def command_line(argv: list[str]) -> int:
     try:
         register_everything()
         cfg = build_config(name, overrides)
-        result = search_plan(name, cfg).result
+        found = search_plan(name, cfg)
     except (UserError, NoFeasiblePlan, ValueError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return EXIT_USER_ERROR
-    print(format_result(name, n_workers(cfg), result, cfg.search.top))
+    print(format_result(name, n_workers(cfg), found.result, cfg.search.top, found.measured))
     return 0
 
 

@@ -23,6 +23,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
+from realrl.api.core.dfg import MFCDef
 from realrl.api.core.layout import Placement
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.plan_space import Plan, call_options, with_allocation
@@ -71,7 +72,7 @@ def search(
     simulated step) first. ``memory(plan's config)``: its largest worker's peak bytes, checked
     against ``limit_bytes``. ``compare``: ``allocation_mode`` strings scored beside the search."""
     start = time.monotonic()
-    options = [call_options(m, n_workers, per_node) for m in exp.mfcs]
+    options = [_admissible(exp, m, call_options(m, n_workers, per_node), memory) for m in exp.mfcs]
     scored: dict[str, Candidate | None] = {}
     rejected: dict[str, str] = {}
 
@@ -141,6 +142,28 @@ def search(
             f"rejected; e.g. {reasons})"
         )
     return SearchResult(ranked, refusals, evaluated, exhaustive, time.monotonic() - start, compared)
+
+
+def _admissible(
+    exp: ExperimentConfig,
+    mfc: MFCDef,
+    placements: list[Placement],
+    memory: Callable[[ExperimentConfig], int] | None,
+) -> list[Placement]:
+    """The placements of ``mfc`` its model can take (tensor parallelism its heads divide, ...):
+    each tried alone, the other calls on one worker, so that the search spends no proposal on a
+    layout the runtime refuses whatever the rest of the plan."""
+    kept = []
+    for p in placements:
+        mode = f"{mfc.name}:{p.layout}@{p.workers[0]},*:d1m1p1"
+        try:
+            planned = with_allocation(exp, mode)
+            if memory is not None:
+                memory(planned)
+        except ValueError:
+            continue
+        kept.append(p)
+    return kept or placements  # none admissible: let the search report why
 
 
 def _choice(exp: ExperimentConfig, mode: str, options: list[list[Placement]]) -> tuple[Placement, ...] | None:

@@ -122,6 +122,32 @@ def test_the_contention_is_the_one_that_replays_the_measured_overlapping_plan(tm
         calibrate_contention(cfg, exp, table, path, "d1m1p1", lambda c: measured)
 
 
+def test_the_plan_chosen_is_the_fastest_of_the_best_predicted_run_briefly(tmp_path):
+    """The search's top predictions run briefly (once: the seconds are cached) and the fastest
+    measured is the plan to run, whatever the prediction said."""
+    from realrl.apps.profiles import load, measure_plans
+    from realrl.apps.search import PlanSearch
+    from realrl.system.plan_search import search
+
+    cfg, exp = _sft(tmp_path, "dataset.train_bs_n_seqs=8")
+    table, path, _ = profile("sft", cfg, exp, [Layout(), Layout(2)], 2, _fake_run({"trainDefault": 0.05}, []))
+    result = search(exp, table.costs(Shape.of(exp)), 2)
+    modes = [c.allocation_mode for c in result.ranked]
+    gap = {m: 0.3 - 0.1 * i for i, m in enumerate(modes)}  # the worst predicted runs fastest
+    ran: list[str] = []
+
+    def run(c):
+        ran.append(c.allocation_mode)
+        return [{"step": i + 1, "time": gap[c.allocation_mode] * i} for i in range(8)]
+
+    measured, runs = measure_plans(cfg, exp, table, path, modes, run)
+    assert runs == ran == modes and measured == pytest.approx(gap)
+    assert measure_plans(cfg, exp, load(path), path, modes, run)[1] == []  # cached
+    found = PlanSearch(result, exp, table.costs(Shape.of(exp)), measured=measured)
+    assert found.best.allocation_mode == modes[-1] != result.ranked[0].allocation_mode
+    assert PlanSearch(result, exp, table.costs(Shape.of(exp))).best is result.ranked[0]
+
+
 def _search_command(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "realrl.apps.search", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -135,6 +161,9 @@ def test_the_search_command_prints_plans_to_paste_best_first(shared_root):
     assert len(rows) == 3  # d1 on a worker, d2 and d1m2 over both
     times = [float(r.split("|")[2]) for r in rows]
     assert times == sorted(times) and all(t > 0 for t in times)
+    measured = {r.split("|")[-2].strip(): float(r.split("|")[3]) for r in rows}  # all 3 run briefly
+    fastest = min(measured, key=measured.__getitem__)
+    assert f"chosen: {fastest[1:-1]} (the fastest of the 3 best predicted, run briefly)" in done.stdout
     assert {r.split("|")[-2].strip() for r in rows} == {
         "'allocation_mode=d1m1p1'",
         "'allocation_mode=d2m1p1'",

@@ -39,6 +39,9 @@ class PlanSearchOptions:
     interpolate: bool = True  # a new batch shape: interpolate from two measured ones within reach
     contention: bool = True  # measure how workers computing side by side slow each other (1 run)
     compare: list[str] = dataclasses.field(default_factory=list)  # allocation_modes scored beside
+    # costs=profile: the best plans (distinct predictions) also run briefly; the fastest measured
+    # is chosen (0: the best predicted)
+    verify: int = 3
 
     def __post_init__(self) -> None:
         if self.costs not in ("profile", "paper"):
@@ -48,6 +51,8 @@ class PlanSearchOptions:
                 f"search.n_nodes and search.n_gpus_per_node must be >= 1, got {self.n_nodes} and "
                 f"{self.n_gpus_per_node}"
             )
+        if self.verify < 0:
+            raise ValueError(f"search.verify must be >= 0, got {self.verify}")
         if self.iterations < 1 or self.top < 1:
             raise ValueError(
                 f"search.iterations and search.top must be >= 1, got {self.iterations}, {self.top}"
