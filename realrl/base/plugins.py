@@ -50,6 +50,24 @@ def import_modules(modules: list[str]) -> None:
             importlib.import_module(mod)
 
 
+def load_attribute(spec: str) -> object:
+    """What ``package.module:attr`` or ``path/to/file.py:attr`` names (``attr`` may be dotted):
+    how a user points an option at a function or class of their own."""
+    module_name_, sep, attr = spec.rpartition(":")
+    if not sep or not module_name_ or not attr:
+        raise ValueError(f"{spec!r} is not 'package.module:name' or 'file.py:name'")
+    if module_name_.endswith(".py"):
+        if not os.path.isfile(module_name_):
+            raise FileNotFoundError(f"no such file {module_name_!r}")
+        import_modules([module_name_])
+        module: object = sys.modules[module_name(os.path.abspath(module_name_))]
+    else:
+        module = importlib.import_module(module_name_)
+    for part in attr.split("."):
+        module = getattr(module, part)
+    return module
+
+
 @functools.cache
 def load_entry_points() -> tuple[str, ...]:
     """Load every ``realrl.plugins`` entry point of the installed packages, once per process

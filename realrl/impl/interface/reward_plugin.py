@@ -11,11 +11,8 @@ plugin's traceback and the offending sample ids.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import math
 import numbers
-import os
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +21,7 @@ import torch
 
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import Model, ModelInterface, get_reward_fn, register_interface
+from realrl.base.plugins import load_attribute
 from realrl.impl.interface.common import INPUT_KEY, per_sequence_sample, require_keys
 from realrl.impl.interface.texts import prompts_and_completions
 
@@ -36,21 +34,8 @@ def resolve_reward_fn(spec: str) -> Callable[..., list[float]]:
     """A registered name, ``package.module:function`` or ``file.py:function``."""
     if ":" not in spec:
         return get_reward_fn(spec)
-    module_name, _, attr = spec.rpartition(":")
     try:
-        if module_name.endswith(".py"):
-            if not os.path.isfile(module_name):
-                raise FileNotFoundError(f"no such file {module_name!r}")
-            mod_spec = importlib.util.spec_from_file_location(
-                f"realrl_reward_plugin_{abs(hash(module_name))}", module_name
-            )
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-        fn: Any = module
-        for part in attr.split("."):
-            fn = getattr(fn, part)
+        fn = load_attribute(spec)
     except Exception as e:  # noqa: BLE001 - re-raised with the spec that failed
         raise RewardFunctionError(f"cannot load reward function {spec!r}: {type(e).__name__}: {e}") from e
     if not callable(fn):
