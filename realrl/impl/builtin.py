@@ -5,7 +5,7 @@ command line do not: they hold configs and metadata only and never import torch 
 of ``realrl.impl`` therefore register nothing on import; this module does it, in one place).
 """
 
-import realrl.api.from_hf  # noqa: F401  (the HF families: gpt2, llama, mistral, qwen2, qwen3)
+import realrl.api.from_hf  # noqa: F401  (the HF families: gpt2, llama, mistral, mixtral, qwen2(_moe), qwen3(_moe))
 import realrl.impl.dataset.dschat.dataset  # noqa: F401  ("dschat")
 import realrl.impl.dataset.prompt  # noqa: F401  ("prompt")
 import realrl.impl.dataset.prompt_answer  # noqa: F401  ("prompt_answer")

@@ -16,6 +16,11 @@ def check_tensor_parallel(cfg: ReaLModelConfig, tp: int, where: str) -> None:
     """A named error when ``tp`` cannot split this architecture (``where``: the role / key)."""
     if tp == 1:
         return
+    if cfg.n_experts:
+        raise ValueError(
+            f"{where}: tensor-parallel size m{tp}: Mixture-of-Experts models are not split by tensor "
+            "parallelism yet; use data parallelism (d) or FSDP"
+        )
     for what, n in (
         ("query heads (n_q_heads)", cfg.n_q_heads),
         ("key/value heads (n_kv_heads)", cfg.n_kv_heads),

@@ -7,6 +7,7 @@ is sharded or stepped.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import inspect
 from collections.abc import Callable
@@ -60,6 +61,18 @@ class ReaLModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    # Mixture of Experts (``impl/model/nn/moe.py``); n_experts = 0 is a dense model and the other
+    # fields are then unused. A block is sparse when n_experts > 0, its index is not in
+    # mlp_only_layers and (index + 1) is a multiple of decoder_sparse_step (Qwen2-MoE's rule;
+    # Mixtral: every block)
+    n_experts: int = 0
+    n_experts_per_tok: int = 0  # top-k
+    moe_intermediate_dim: int | None = None  # each expert's inner size (None: intermediate_dim)
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1 (Mixtral: always)
+    shared_expert_intermediate_dim: int = 0  # Qwen2-MoE's always-on expert with a sigmoid gate (0: none)
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.001  # weight of the load-balancing loss in training losses
     # the HF ``model_type`` this architecture saves as (None: inferred from the fields above)
     hf_model_type: str | None = None
 
@@ -72,6 +85,52 @@ class ReaLModelConfig:
             self.head_dim = self.hidden_dim // self.n_q_heads
         if self.n_q_heads % self.n_kv_heads:
             raise ValueError(f"n_q_heads {self.n_q_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        self.mlp_only_layers = tuple(sorted(int(i) for i in self.mlp_only_layers))  # a JSON list too
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        if self.n_experts < 0:
+            raise ValueError(f"n_experts must be >= 0 (0: a dense model), got {self.n_experts}")
+        if self.n_experts == 0:
+            if self.shared_expert_intermediate_dim:
+                raise ValueError("shared_expert_intermediate_dim > 0 needs routed experts (n_experts > 0)")
+            return
+        if self.moe_intermediate_dim is None:
+            self.moe_intermediate_dim = self.intermediate_dim
+        if not 1 <= self.n_experts_per_tok <= self.n_experts:
+            raise ValueError(
+                f"a Mixture-of-Experts model needs 1 <= n_experts_per_tok <= n_experts ({self.n_experts}), "
+                f"got n_experts_per_tok={self.n_experts_per_tok}"
+            )
+        if self.moe_intermediate_dim < 1 or self.shared_expert_intermediate_dim < 0:
+            raise ValueError(
+                f"moe_intermediate_dim must be >= 1 and shared_expert_intermediate_dim >= 0, got "
+                f"{self.moe_intermediate_dim} and {self.shared_expert_intermediate_dim}"
+            )
+        if self.mlp_type != "gated" or self.use_mlp_bias:
+            raise ValueError(
+                f"experts are gated MLPs without biases; got mlp_type={self.mlp_type!r}, use_mlp_bias={self.use_mlp_bias}"
+            )
+        if self.decoder_sparse_step < 1:
+            raise ValueError(f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
+        outside = [i for i in self.mlp_only_layers if not 0 <= i < self.n_layers]
+        if outside:
+            raise ValueError(f"mlp_only_layers {outside} name no block of a {self.n_layers}-layer model")
+        if self.router_aux_loss_coef < 0:
+            raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
+
+    def is_moe_layer(self, idx: int) -> bool:
+        """Whether block ``idx`` routes its tokens to experts (else it has a dense MLP)."""
+        return (
+            self.n_experts > 0
+            and idx not in self.mlp_only_layers
+            and (idx + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """The sparse blocks, in order."""
+        return [i for i in range(self.n_layers) if self.is_moe_layer(i)]
 
 
 # the stats key under which an interface reports a few decoded examples (prompt, completion, reward)
@@ -198,7 +257,7 @@ class InterfaceMethodUnsupported(RuntimeError):
     """An MFC asked an interface for a call type it does not offer."""
 
 
-class Rollout:
+class Rollout(abc.ABC):
     """A generate call decoded in pieces (``ModelInterface.start_rollout``): ``advance`` decodes
     up to ``tokens`` more tokens of every unfinished answer with the weights of ``version`` (the
     rollout notices when they changed since its last piece and continues under the new ones) and
@@ -206,11 +265,11 @@ class Rollout:
 
     data: SequenceSample  # the call's inputs
 
-    def advance(self, tokens: int, version: int) -> int:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def advance(self, tokens: int, version: int) -> int: ...
 
-    def finish(self) -> SequenceSample | tuple[SequenceSample, dict]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def finish(self) -> SequenceSample | tuple[SequenceSample, dict]: ...
 
 
 class ModelInterface:

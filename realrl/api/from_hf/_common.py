@@ -6,7 +6,10 @@ ReaLModel's parameter names (the converters map to and from these):
     layers.{i}.attn_ln.{weight,bias}
     layers.{i}.attn.{q,k,v,o}.{weight,bias}, layers.{i}.attn.{q_ln,k_ln}.weight
     layers.{i}.mlp_ln.{weight,bias}
-    layers.{i}.mlp.{gate,up,down}.{weight,bias}
+    layers.{i}.mlp.{gate,up,down}.{weight,bias}            (a dense block)
+    layers.{i}.mlp.router.weight                           (a sparse block: Mixture of Experts)
+    layers.{i}.mlp.experts.{e}.{gate,up,down}.weight
+    layers.{i}.mlp.shared.{gate,up,down}.weight, layers.{i}.mlp.shared_gate.weight
     final_ln.{weight,bias}, head.weight (LM or scalar head), head.bias (scalar head)
 """
 
@@ -89,11 +92,25 @@ def tblock_param_names(cfg: ReaLModelConfig, idx: int) -> list[str]:
     if cfg.qk_layernorm:
         names += [f"{p}attn.q_ln.weight", f"{p}attn.k_ln.weight"]
     names += [p + "mlp_ln." + n for n in norm_params]
+    if cfg.is_moe_layer(idx):
+        return names + moe_param_names(cfg, idx)
     projs = ("gate", "up", "down") if cfg.mlp_type == "gated" else ("up", "down")
     for proj in projs:
         names.append(f"{p}mlp.{proj}.weight")
         if cfg.use_mlp_bias:
             names.append(f"{p}mlp.{proj}.bias")
+    return names
+
+
+def moe_param_names(cfg: ReaLModelConfig, idx: int, experts: range | None = None) -> list[str]:
+    """A sparse block's MLP parameters: its router, the ``experts`` (default: all) and the shared
+    expert; expert parallelism will list a rank's own experts."""
+    p = f"layers.{idx}.mlp."
+    names = [p + "router.weight"]
+    for e in range(cfg.n_experts) if experts is None else experts:
+        names += [f"{p}experts.{e}.{proj}.weight" for proj in ("gate", "up", "down")]
+    if cfg.shared_expert_intermediate_dim:
+        names += [f"{p}shared.{proj}.weight" for proj in ("gate", "up", "down")] + [p + "shared_gate.weight"]
     return names
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # converters run in workers; reading configs needs no torch
     import torch
 
 # (HF pattern, ReaL pattern); {i} is a layer index, {p} a parameter name (weight/bias)
-_TABLE = (
+TABLE: list[tuple[str, str]] = (
     [
         ("model.embed_tokens.weight", "embed.wte.weight"),
         ("model.norm.weight", "final_ln.weight"),
@@ -37,12 +37,13 @@ _IGNORED_HF = re.compile(r".*rotary_emb\.inv_freq$")
 
 
 def _compile(pattern: str) -> re.Pattern:
-    rx = re.escape(pattern).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)")
+    rx = (
+        re.escape(pattern)
+        .replace(r"\{i\}", r"(?P<i>\d+)")
+        .replace(r"\{e\}", r"(?P<e>\d+)")
+        .replace(r"\{p\}", r"(?P<p>weight|bias)")
+    )
     return re.compile(rx + "$")
-
-
-_FROM_HF = [(_compile(h), r) for h, r in _TABLE]
-_TO_HF = [(_compile(r), h) for h, r in _TABLE]
 
 
 def _remap(sd: dict[str, torch.Tensor], table, what: str) -> dict[str, torch.Tensor]:
@@ -58,17 +59,30 @@ def _remap(sd: dict[str, torch.Tensor], table, what: str) -> dict[str, torch.Ten
     return out
 
 
-def sd_from_hf(sd: dict[str, torch.Tensor], cfg: ReaLModelConfig) -> dict[str, torch.Tensor]:
-    sd = {k: v for k, v in sd.items() if not _IGNORED_HF.match(k)}
-    if cfg.is_critic:  # a critic keeps its own scalar head, never the LM head
-        sd.pop("lm_head.weight", None)
-    return _remap(sd, _FROM_HF, "llama-like sd_from_hf")
+class KeyMap:
+    """The state-dict converters of one table of (HF pattern, ReaL pattern) rows; {e} is an
+    expert index. Writing, the first row that matches a ReaL name gives its HF name."""
+
+    def __init__(self, table: list[tuple[str, str]], what: str):
+        self.what = what
+        self.from_table = [(_compile(h), r) for h, r in table]
+        self.to_table = [(_compile(r), h) for h, r in table]
+
+    def sd_from_hf(self, sd: dict[str, torch.Tensor], cfg: ReaLModelConfig) -> dict[str, torch.Tensor]:
+        sd = {k: v for k, v in sd.items() if not _IGNORED_HF.match(k)}
+        if cfg.is_critic:  # a critic keeps its own scalar head, never the LM head
+            sd.pop("lm_head.weight", None)
+        return _remap(sd, self.from_table, f"{self.what} sd_from_hf")
+
+    def sd_to_hf(self, sd: dict[str, torch.Tensor], cfg: ReaLModelConfig) -> dict[str, torch.Tensor]:
+        if cfg.is_critic or cfg.tied_embedding:  # critic head is saved apart; tied head is wte
+            sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
+        return _remap(sd, self.to_table, f"{self.what} sd_to_hf")
 
 
-def sd_to_hf(sd: dict[str, torch.Tensor], cfg: ReaLModelConfig) -> dict[str, torch.Tensor]:
-    if cfg.is_critic or cfg.tied_embedding:  # critic head is saved apart; tied head is wte
-        sd = {k: v for k, v in sd.items() if not k.startswith("head.")}
-    return _remap(sd, _TO_HF, "llama-like sd_to_hf")
+_DENSE = KeyMap(TABLE, "llama-like")
+sd_from_hf = _DENSE.sd_from_hf
+sd_to_hf = _DENSE.sd_to_hf
 
 
 def config_from_hf(hf: Any, **fields: Any) -> ReaLModelConfig:

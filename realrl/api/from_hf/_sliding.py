@@ -18,6 +18,11 @@ def uniform_sliding_window(hf: Any, family: str) -> int | None:
             "sliding_attention" if window and i >= first else "full_attention"
             for i in range(hf.num_hidden_layers)
         ]
+    return uniform_window(window, types, family)
+
+
+def uniform_window(window: int | None, types: list[str], family: str) -> int | None:
+    """``window`` if every layer type is "sliding_attention", None if none is (or no window)."""
     sliding = [t == "sliding_attention" for t in types]
     if not any(sliding) or not window:
         return None

@@ -42,6 +42,7 @@ from realrl.impl.interface.ppo_rollout import (
     truncate_generation,
 )
 from realrl.impl.interface.ppo_updates import run_epochs
+from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.utils import ppo_functional as F
 from realrl.impl.model.utils.policy_losses import (
     aggregate_loss,
@@ -164,8 +165,9 @@ class PPOActorInterface(ModelInterface):
     # -- train --------------------------------------------------------------------------------
 
     def _loss_fn(self, logits: torch.Tensor, mb: SequenceSample):
-        """The registered policy loss (+ GRPO's k3 KL term), aggregated by ``loss_agg_mode``, zeroed
-        when the micro-batch's importance ratio or approximate KL passes its early-stop threshold."""
+        """The registered policy loss (+ GRPO's k3 KL term), aggregated by ``loss_agg_mode`` (+ a
+        Mixture-of-Experts policy's router load-balancing term), zeroed when the micro-batch's
+        importance ratio or approximate KL passes its early-stop threshold."""
         hp = self.hp
         mask = mb.data["ppo_loss_mask"].to(logits.device)
         logp = packed_logprobs(logits, mb, self.logprob_temperature, mask)  # 0 off the mask
@@ -202,6 +204,8 @@ class PPOActorInterface(ModelInterface):
             kl_loss = aggregate_loss(kl * mask, mask, short_cu, hp.loss_agg_mode, hp.norm_const())
             loss = loss + hp.kl_loss_coef * kl_loss
             stats["kl_loss"] = float(kl_loss.detach())
+        # a Mixture-of-Experts actor's router load-balancing term (before the early stop zeroes all)
+        loss, stats = add_router_aux_loss(loss, stats, logits)
         stop = (
             hp.early_stop_imp_ratio is not None and stats["importance_ratio"] > hp.early_stop_imp_ratio
         ) or (hp.early_stop_kl is not None and stats["approx_kl"] > hp.early_stop_kl)

@@ -21,6 +21,7 @@ from realrl.impl.interface.common import (
     require_keys,
     save_model,
 )
+from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.utils.losses import sft_loss
 
 _ANSWER_INDEX = logprob_index(answer_loss_mask)
@@ -31,10 +32,11 @@ class SFTInterface(ModelInterface):
     token_normalize_scope: str = "global"
 
     def _loss_fn(self, logits: torch.Tensor, mb: SequenceSample):
-        """``logits`` of the answer-predicting tokens only (``output_index_fn=_ANSWER_INDEX``)."""
+        """``logits`` of the answer-predicting tokens only (``output_index_fn=_ANSWER_INDEX``); a
+        Mixture-of-Experts model's training forward adds its router's load-balancing loss."""
         mask = answer_loss_mask(mb, logits.device)
         loss, n = sft_loss(packed_logprobs(logits, mb, mask=mask), mask)
-        return loss, {"n_answer_tokens": float(n)}
+        return add_router_aux_loss(loss, {"n_answer_tokens": float(n)}, logits)
 
     @staticmethod
     def _weight(mb: SequenceSample) -> float:
@@ -53,7 +55,8 @@ class SFTInterface(ModelInterface):
         )
         model.inc_version()
         stats = dict(stats)
-        stats["ppl"] = math.exp(min(stats["loss"], 50.0))
+        nll = stats.get("moe_task_loss", stats["loss"])  # without the router's term (MoE)
+        stats["ppl"] = math.exp(min(nll, 50.0))
         return stats
 
     def evaluate(self, model: Model, eval_dataloader) -> dict[str, float]:

@@ -51,8 +51,9 @@ LossFn = Callable[[torch.Tensor, SequenceSample], tuple[torch.Tensor, dict[str, 
 LossWeightFn = Callable[[SequenceSample], float]
 SCOPES = ("global", "dp")
 # the loss function's statistics are averaged over micro-batches by their weight, except those
-# named "<...>_max": the largest value over the micro-batches
+# named "<...>_max": the largest value over the micro-batches, and "<...>_min": the smallest
 MAX_STAT_SUFFIX = "_max"
+MIN_STAT_SUFFIX = "_min"
 
 
 class TrainEngine(InferenceEngine):
@@ -142,6 +143,8 @@ class TrainEngine(InferenceEngine):
                 for k, v in stats.items():
                     if k.endswith(MAX_STAT_SUFFIX):  # a largest value: the largest over micro-batches
                         stat_sums[k] = max(stat_sums.get(k, float("-inf")), float(v))
+                    elif k.endswith(MIN_STAT_SUFFIX):
+                        stat_sums[k] = min(stat_sums.get(k, float("inf")), float(v))
                     else:
                         stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * share
                 n_tokens += sum(mb.flat_seqlens(INPUT_KEY))

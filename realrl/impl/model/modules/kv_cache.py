@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from realrl.impl.model import kernels
 from realrl.impl.model.modules.attention import PackedMeta, check_one_dtype, packed_attention
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
+
+if TYPE_CHECKING:
+    from realrl.impl.model.nn.moe_stats import RouterLog
 
 
 class KVCache:
@@ -107,6 +111,7 @@ class PackedContext:
     cache_slots: torch.Tensor | None = None  # from KVCache.slots: where each token's k/v go
     weight_cache: kernels.DecodeWeights | None = None  # prepared projection weights (decoding only)
     shared: SharedPrefixes | None = None
+    router_log: RouterLog | None = None  # where sparse blocks record routing (a training forward)
 
     def __post_init__(self) -> None:
         if self.shared is not None and self.cache is not None:

@@ -128,16 +128,27 @@ def _prepare(model, input_ids, cu_seqlens, g, eos_token_id, prompt_keys) -> tupl
 def decoding_mode(model, g: GenerationHyperparameters, device: torch.device) -> str:
     """How ``model``'s decoding steps run on ``device``: ``choose_decoding`` with the model's facts
     (split by tensor parallelism: its layers' weights are DTensors; sharded by FSDP: ``is_fsdp``,
-    also inside ``gathered()``, where the weights are whole and plain)."""
+    also inside ``gathered()``, where the weights are whole and plain; Mixture of Experts)."""
     tensor_parallel = len(model.layers) > 0 and is_dtensor(model.layers[0].attn.q.weight)
-    return choose_decoding(g.decoding, device.type, tensor_parallel, is_fsdp(model))
+    moe = bool(model.config.moe_layers)
+    return choose_decoding(g.decoding, device.type, tensor_parallel, is_fsdp(model), moe)
+
+
+# why a Mixture-of-Experts model decodes without CUDA graphs (``choose_decoding``)
+MOE_NO_GRAPHS = (
+    "a Mixture-of-Experts block groups each step's tokens by the experts they are routed to, and "
+    "the host reads how many each expert got: shapes a CUDA graph cannot fix in advance"
+)
 
 
 def choose_decoding(
-    requested: str, device_type: str, tensor_parallel: bool = False, fsdp: bool = False
+    requested: str, device_type: str, tensor_parallel: bool = False, fsdp: bool = False, moe: bool = False
 ) -> str:
     """The decoding mode for ``decoding=requested`` on ``device_type``: "auto" is "cuda_graph" on a
-    CUDA device for a model split neither by tensor parallelism nor by FSDP, else "eager".
+    CUDA device for a dense model split neither by tensor parallelism nor by FSDP, else "eager".
+
+    Mixture of Experts (``moe``): ``MOE_NO_GRAPHS``; "auto" decodes eagerly, "static" (the
+    fixed-shape steps, uncaptured: the blocks run eagerly inside them) runs, "cuda_graph" is refused.
 
     Tensor parallelism: a step's collectives run inside the layers, and the fixed-shape step does
     not lay its inputs out over the mesh; only "eager" runs such a model. FSDP: generation runs
@@ -148,7 +159,11 @@ def choose_decoding(
     "static" (the same fixed-shape steps, uncaptured) runs, and "cuda_graph" is refused. A pure
     function: the choice is tested without a GPU."""
     if requested == "auto":
-        return "cuda_graph" if device_type == "cuda" and not (tensor_parallel or fsdp) else "eager"
+        return "cuda_graph" if device_type == "cuda" and not (tensor_parallel or fsdp or moe) else "eager"
+    if requested == "cuda_graph" and moe:
+        raise ValueError(
+            f"decoding='cuda_graph' does not run this model: {MOE_NO_GRAPHS}; use 'auto', 'eager' or 'static'"
+        )
     if requested == "cuda_graph" and device_type != "cuda":
         raise ValueError(f"decoding='cuda_graph' needs a CUDA device; the model is on {device_type}")
     if requested != "eager" and tensor_parallel:

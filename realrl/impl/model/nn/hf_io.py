@@ -33,6 +33,13 @@ def infer_hf_model_type(cfg: ReaLModelConfig) -> str:
     """The family a config saves as when it does not say (``cfg.hf_model_type`` is None)."""
     if cfg.hf_model_type:
         return cfg.hf_model_type
+    if cfg.n_experts:  # Mixtral unless only a Qwen family can say it
+        if cfg.qk_layernorm:
+            return "qwen3_moe"
+        mixtral = cfg.norm_topk_prob and cfg.moe_layers == list(range(cfg.n_layers))
+        if cfg.shared_expert_intermediate_dim or cfg.use_attention_bias or not mixtral:
+            return "qwen2_moe"
+        return "mixtral"
     if cfg.abs_position_embedding:
         return "gpt2"
     if cfg.qk_layernorm:

@@ -18,6 +18,7 @@ from realrl.impl.model.modules.kv_cache import PackedContext
 from realrl.impl.model.modules.norm import make_norm
 from realrl.impl.model.modules.rotary import RotaryEmbedding
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
+from realrl.impl.model.nn.moe_stats import RouterLog, attach_router_stats
 from realrl.impl.model.nn.transformer_block import TransformerBlock
 
 CRITIC_HEAD_INITS = ("reward", "zeros")
@@ -155,10 +156,13 @@ class ReaLModel(nn.Module):
         else:  # in the projections' dtype: bf16 under autocast, where x stays fp32
             dtype = activation_dtype(x.dtype, x.device)
             rope = self.rotary(ctx.positions, ctx.max_position, dtype)
+        # recording the routing of every token (the load-balancing loss reads them all), the last
+        # layer computes every row too
+        routed = getattr(ctx, "router_log", None) is not None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, ctx, output_index if i == last else None)
-        if not self.layers and output_index is not None:
+            x = layer(x, rope, ctx, output_index if i == last and not routed else None)
+        if (routed or not self.layers) and output_index is not None:
             x = ctx.rows(x, output_index)
         return self.final_ln(x)
 
@@ -208,7 +212,9 @@ class ReaLModel(nn.Module):
         output_index: torch.Tensor | None = None,
         prefix_groups: list[int] | None = None,
     ) -> torch.Tensor:
-        """logits [T, vocab] for an LM; values [T] for a critic.
+        """logits [T, vocab] for an LM; values [T] for a critic. A Mixture-of-Experts model's
+        output, in a forward that records gradients, also carries its routing statistics
+        (``nn/moe_stats.router_stats_of``: the load-balancing loss and the experts' load).
 
         ``output_index`` (long [N], ascending token indices into ``input_ids``): the outputs at
         those tokens only, [N, vocab] / [N], equal to ``forward(...)[output_index]`` at a fraction
@@ -221,13 +227,27 @@ class ReaLModel(nn.Module):
             output_index = output_index.to(device=input_ids.device, dtype=torch.long)
         ctx = self.packed_context(input_ids, cu_seqlens, prefix_groups)
         shared = ctx.shared
+        ctx.router_log = self._router_log(ctx)
         h = self.hidden_states(
             input_ids if shared is None else input_ids[shared.represent], ctx, output_index
         )
         out = self.head(h)
         if shared is not None and output_index is None:
             out = out[shared.expand]  # back to one row per original token
-        return out.squeeze(-1) if self.config.is_critic else out
+        out = out.squeeze(-1) if self.config.is_critic else out
+        if ctx.router_log is not None:
+            attach_router_stats(out, ctx.router_log.stats(self.config.router_aux_loss_coef))
+        return out
+
+    def _router_log(self, ctx: PackedContext) -> RouterLog | None:
+        """Where the sparse blocks of a Mixture-of-Experts model record their routing, in a forward
+        that records gradients (its loss may add the load-balancing term, ``nn/moe_stats.py``);
+        None for a dense model or without gradients. Its output then carries ``RouterStats``."""
+        if not self.config.n_experts or not torch.is_grad_enabled() or not self.config.moe_layers:
+            return None
+        shared = ctx.shared  # a shared prefix's row stands for each sequence that shares it
+        weights = None if shared is None else torch.bincount(shared.expand, minlength=shared.n_compressed)
+        return RouterLog(self.config.n_experts, weights)
 
     # ------------------------------------------------------------------ generation and HF I/O
 

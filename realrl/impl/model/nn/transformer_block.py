@@ -1,4 +1,5 @@
-"""One pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+"""One pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x)); the MLP is dense, or a
+Mixture of Experts in the blocks the config makes sparse (``nn/moe.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from realrl.impl.model.modules.mlp import MLP
 from realrl.impl.model.modules.norm import RMSNorm, make_norm
 from realrl.impl.model.modules.rotary import apply_rotary
 from realrl.impl.model.nn.lora import is_adapter_layer
+from realrl.impl.model.nn.moe import MoE
 from realrl.impl.model.parallel.dtensor import is_dtensor
 
 
@@ -123,14 +125,18 @@ class TransformerBlock(nn.Module):
         self.attn_ln = make_norm(cfg.layer_norm_type, cfg.hidden_dim, cfg.layer_norm_epsilon, **kw)
         self.attn = Attention(cfg, layer_idx, **kw)
         self.mlp_ln = make_norm(cfg.layer_norm_type, cfg.hidden_dim, cfg.layer_norm_epsilon, **kw)
-        self.mlp = MLP(
-            cfg.hidden_dim,
-            cfg.intermediate_dim,
-            cfg.mlp_type == "gated",
-            cfg.activation_function,
-            cfg.use_mlp_bias,
-            **kw,
-        )
+        self.mlp: MLP | MoE
+        if cfg.is_moe_layer(layer_idx):
+            self.mlp = MoE(cfg, **kw)
+        else:
+            self.mlp = MLP(
+                cfg.hidden_dim,
+                cfg.intermediate_dim,
+                cfg.mlp_type == "gated",
+                cfg.activation_function,
+                cfg.use_mlp_bias,
+                **kw,
+            )
         self.resid_drop = nn.Dropout(cfg.resid_pdrop)
 
     def forward(self, x: torch.Tensor, rope, ctx, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,6 +145,8 @@ class TransformerBlock(nn.Module):
         attn = self.attn(self.attn_ln(x), rope, ctx, keep)
         x = (x if keep is None else ctx.rows(x, keep)) + self.resid_drop(attn)
         h, mlp = self.mlp_ln(x), self.mlp
+        if isinstance(mlp, MoE):  # a training forward's context carries where routing is recorded
+            return x + self.resid_drop(mlp(h, getattr(ctx, "router_log", None)))
         if mlp.gated:
             gate, up = gate_up(h, ctx.weight_cache, mlp)
             h = mlp.act(gate) * up
