@@ -78,7 +78,10 @@ def run_experiment(
     if mode not in MODES:
         raise UserError(f"mode must be one of {MODES}, got {mode!r}")
     try:
-        check_layouts(_role_layouts(config), _split_models(config))
+        layouts, split = _role_layouts(config), _split_models(config)
+        # a home in its engine's layout (whole experts per rank where asked); copies split experts
+        check_layouts({r: ls[:1] for r, ls in layouts.items()}, split, _expert_parallel(config))
+        check_layouts({r: ls[1:] for r, ls in layouts.items()}, split)
     except ValueError as e:  # a layout that cannot split its model: the options are at fault
         raise UserError(str(e)) from e
     try:  # the run trusts what it reads back from its folder: nobody else may write there
@@ -210,13 +213,22 @@ def _role_layouts(config: ExperimentConfig) -> dict[str, list]:
     }
 
 
+def _engine_option(config: ExperimentConfig, role: str, name: str) -> bool:
+    """A role's engine option (``fsdp``, ``expert_parallel``) as its config gives it."""
+    engine = config.models[role].backend.args.get("engine") or {}
+    return bool(engine.get(name, False) if isinstance(engine, dict) else getattr(engine, name, False))
+
+
+def _expert_parallel(config: ExperimentConfig) -> dict[str, bool]:
+    return {role: _engine_option(config, role, "expert_parallel") for role in config.allocations}
+
+
 def _sharded_layouts(config: ExperimentConfig) -> list[str]:
     """Every layout in which a role's weights are sharded: tensor parallel, or FSDP at its home
     (a copy in another call's layout is never FSDP)."""
     out = []
     for role, layouts in sorted(_role_layouts(config).items()):
-        engine = config.models[role].backend.args.get("engine") or {}
-        fsdp = engine.get("fsdp", False) if isinstance(engine, dict) else getattr(engine, "fsdp", False)
+        fsdp = _engine_option(config, role, "fsdp")
         for i, lay in enumerate(layouts):
             if lay.tp > 1 or (i == 0 and fsdp and lay.dp > 1):
                 out.append(f"{role} in {lay}")

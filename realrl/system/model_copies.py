@@ -132,7 +132,9 @@ class ModelCopies:
             wire = engine.resolve_dtype(self.device)  # the copy's dtype: slices are cast before sending
             self.plans[key] = plan_realloc(
                 model_param_specs(cfg, wire, lora, trained_only=order.adapters_only),
-                side_for(cfg, order.src, engine.fsdp, lora),
+                # home as its engine lays it out (FSDP, whole experts per rank); a copy is never
+                # FSDP and splits its experts by tensor parallelism
+                side_for(cfg, order.src, engine.fsdp, lora, engine.expert_parallel),
                 side_for(cfg, order.dst, lora=lora),
             )
         return self.plans[key]

@@ -2,7 +2,10 @@
 
 Each call's seconds in each layout follow from its FLOPs and the bytes it moves, with datasheet
 figures for the device (``Hardware``) and assumed efficiencies. ``P`` is a role's parameters in
-matmuls (every layer and the LM / critic head; the embedding lookup is no matmul), ``T`` the
+matmuls (every layer and the LM / critic head; the embedding lookup is no matmul), of a
+Mixture-of-Experts model those a token runs through (attention, router, its top-k experts, the
+shared expert: ``param_count.count_params``'s active count), while the bytes of weights read,
+gathered, reduced and moved are those of every expert (the total), ``T`` the
 tokens of the call's batch: ``n_seqs x answers x (prompt_len + new_tokens)``, every sequence at
 full length (the memory plan's ``batch_shape``). Compute is spread over ``dp x tp`` devices at
 ``train_mfu``; communication is a ring: an all-reduce moves ``2 (n-1)/n`` of its bytes per rank,
@@ -60,6 +63,7 @@ from realrl.api.core.layout import Layout
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.memory_plan import batch_shape, param_counts
+from realrl.api.quickstart.param_count import count_params
 from realrl.api.quickstart.plan_space import call_options
 from realrl.system.simulator import Costs
 
@@ -97,8 +101,8 @@ HARDWARE: Mapping[str, Hardware] = types.MappingProxyType(
 class _Model:
     """What the formulas read of a role's architecture."""
 
-    params: int  # all parameters (the weights moved and read)
-    matmul: int  # parameters in matmuls: 2 FLOPs per token each in forward
+    params: int  # all parameters, every expert (the weights moved and read)
+    matmul: int  # parameters in a token's matmuls (its top-k experts): 2 FLOPs per token each in forward
     layers: int
     hidden: int
     q_dim: int  # n_q_heads x head_dim
@@ -107,11 +111,12 @@ class _Model:
 
     @classmethod
     def of(cls, cfg: ReaLModelConfig) -> _Model:
-        whole, layer = param_counts(cfg, 1)
-        head = cfg.hidden_dim + 1 if cfg.is_critic else cfg.vocab_size * cfg.hidden_dim
+        counts = count_params(cfg)  # total: every expert; active: a token's top-k experts
+        head = cfg.hidden_dim + 1 if cfg.is_critic else cfg.vocab_size * cfg.hidden_dim  # tied: a matmul too
         kv, q = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * BF16, cfg.n_q_heads * cfg.head_dim
         vocab = 0 if cfg.is_critic else cfg.vocab_size
-        return cls(whole, cfg.n_layers * layer + head, cfg.n_layers, cfg.hidden_dim, q, kv, vocab)
+        matmul = counts.active - counts.root + head  # the blocks' active parameters and the head
+        return cls(counts.total, matmul, cfg.n_layers, cfg.hidden_dim, q, kv, vocab)
 
 
 def _setting(tree: Any, key: str, default: int) -> int:

@@ -105,6 +105,23 @@ def test_bench_tp(tmp_path):
     figures(r"^same greedy tokens: (True|False)$", out)
 
 
+def test_bench_moe(tmp_path):
+    out = run_bench("bench_moe.py", tmp_path)
+    ((diff,),) = figures(rf"^outputs: max \|realrl - transformers\| = ({NUMBER})$", out)
+    assert float(diff) < 1e-5, out  # the same weights give the same outputs
+    for name in ("forward", "forward+backward"):
+        (row,) = table_rows(out, name)
+        realrl, eager, ratio = row[1], row[2], row[3]
+        assert is_number(realrl) and is_number(eager) and is_number(ratio.removesuffix("x")), row
+    layouts = [c for line in out.splitlines() if line.startswith("| ") for c in [line.split("|")[1].strip()]]
+    if "expert parallel" in layouts:  # realrl's expert parallelism is absent: the row says so
+        assert "not available:" in out, out
+    else:
+        for name in ("replicated, d2", "tensor parallel, d1m2", "expert parallel, d1m2"):
+            (row,) = table_rows(out, name)
+            assert all(is_number(c.removesuffix("x")) for c in row[1:5]), row
+
+
 def test_bench_sharded_memory(tmp_path):
     out = run_bench("bench_sharded_memory.py", tmp_path)
     for label in (

@@ -88,11 +88,44 @@ HF_CONFIGS = {
 }
 FAMILIES = sorted(HF_CONFIGS)
 
+_MOE_SIZES = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    num_experts_per_tok=2,
+    router_aux_loss_coef=0.1,
+)
+# Mixture-of-Experts families, apart from HF_CONFIGS (the dense families every model test runs):
+# 4 experts, top-2; qwen2_moe with a shared expert and a dense block, qwen3_moe with q/k norms
+MOE_HF_CONFIGS = {
+    "mixtral": lambda: transformers.MixtralConfig(**_MOE_SIZES, intermediate_size=24, num_local_experts=4),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        **_MOE_SIZES,
+        intermediate_size=48,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        num_experts=4,
+        mlp_only_layers=[1],
+    ),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        **_MOE_SIZES,
+        intermediate_size=48,
+        moe_intermediate_size=24,
+        head_dim=16,
+        num_experts=4,
+        decoder_sparse_step=2,
+        norm_topk_prob=True,
+    ),
+}
+
 
 def make_hf_model(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
     """A random HF model whose every parameter (norms and biases too) is nonzero and distinct."""
     torch.manual_seed(seed)
-    hf_cfg = HF_CONFIGS[kind]()
+    hf_cfg = {**HF_CONFIGS, **MOE_HF_CONFIGS}[kind]()
     hf_cfg.eos_token_id, hf_cfg.bos_token_id, hf_cfg.pad_token_id = 1, 0, None
     model = transformers.AutoModelForCausalLM.from_config(
         hf_cfg, dtype=torch.float32, attn_implementation="eager"

@@ -65,25 +65,29 @@ def lora_of(args: dict[str, Any] | None) -> LoRAConfig | None:
     return cfg if cfg.enabled else None
 
 
-def adapter_param_count(cfg: ReaLModelConfig, lora: LoRAConfig) -> int:
+def adapter_param_count(cfg: ReaLModelConfig, lora: LoRAConfig, expert_shards: int = 1) -> int:
     """Parameters of ``lora``'s adapters on a model of ``cfg``: rank x (in + out) per adapted
-    linear (never split by tensor parallelism)."""
-    h, q, kv, inner = (
-        cfg.hidden_dim,
-        cfg.n_q_heads * cfg.head_dim,
-        cfg.n_kv_heads * cfg.head_dim,
-        cfg.intermediate_dim,
-    )
-    shapes = {
-        "q": (h, q),
-        "k": (h, kv),
-        "v": (h, kv),
-        "o": (q, h),
-        "gate": (h, inner),
-        "up": (h, inner),
-        "down": (inner, h),
-    }
-    if cfg.mlp_type != "gated":
-        shapes.pop("gate")
-    per_layer = sum(lora.rank * sum(shapes[m]) for m in lora.modules() if m in shapes)
-    return cfg.n_layers * per_layer
+    linear (never split by tensor parallelism). A Mixture-of-Experts block's gate / up / down are
+    those of each expert and of its shared expert (peft matches the module names), none on the
+    router; ``expert_shards``: ranks that share the experts out whole (expert parallelism), each
+    holding the adapters of ``n_experts / expert_shards`` of them."""
+    h, q, kv = cfg.hidden_dim, cfg.n_q_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    attention = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h)}
+    wanted = lora.modules()
+
+    def mlp(inner: int) -> int:
+        shapes = {"gate": (h, inner), "up": (h, inner), "down": (inner, h)}
+        if cfg.mlp_type != "gated":
+            shapes.pop("gate")
+        return sum(lora.rank * sum(shapes[m]) for m in wanted if m in shapes)
+
+    per_attention = sum(lora.rank * sum(attention[m]) for m in wanted if m in attention)
+    total = 0
+    for i in range(cfg.n_layers):
+        if not cfg.is_moe_layer(i):
+            total += per_attention + mlp(cfg.intermediate_dim)
+            continue
+        experts = -(-cfg.n_experts // expert_shards)
+        shared = mlp(cfg.shared_expert_intermediate_dim) if cfg.shared_expert_intermediate_dim else 0
+        total += per_attention + experts * mlp(cfg.moe_intermediate_dim) + shared
+    return total

@@ -125,8 +125,9 @@ class CommonExperimentConfig:
     # key=value overrides for the phases a toy run builds on (e.g. ["exp_ctrl.total_train_steps=3"])
     prerequisite_overrides: list[str] = dataclasses.field(default_factory=list)
     debug: bool = False  # the command line shows the traceback of a configuration or input error
-    # the embedded task a run with no dataset path uses (sentiment, the default, or arith); the
-    # command line sets it and points the dataset and model paths at the task's files
+    # the embedded task a run with no dataset path uses (sentiment, the default, arith, or a
+    # variant: sentiment_long, sentiment_moe); the command line sets it and points the dataset
+    # and model paths at the task's files
     task: str | None = None
 
     def __post_init__(self) -> None:

@@ -7,6 +7,8 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
   (``auto`` = bf16: the plan is for CUDA devices); gradients fp32; AdamW 2 x fp32 per parameter.
 - tp splits attention heads, the MLP and (when divisible) embedding / LM head; norms, row-parallel
   biases and the critic head are replicated. pp divides the layers (the runtime refuses pp > 1).
+- Mixture of Experts (``param_count.py``): every expert is held (split by tp like the MLP, or
+  placed whole with ``engine.expert_parallel``); activations follow a token's top-k experts.
 - ``engine.fsdp`` shards weights, gradients and optimizer state over dp; a call gathers one block
   and the root unit (embedding, final norm, head), a generate call every unit (``parallel/fsdp.py``).
 - LoRA (``<role>.lora.rank`` > 0): the adapters' fp32 weights beside the base, which a trained
@@ -36,6 +38,7 @@ from realrl.api.core.layout_fit import check_tensor_parallel
 from realrl.api.core.lora import adapter_param_count, lora_of
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
+from realrl.api.quickstart.param_count import count_params
 
 GiB = 1024**3
 GEN, INF, TRAIN = ModelInterfaceType.GENERATE, ModelInterfaceType.INFERENCE, ModelInterfaceType.TRAIN_STEP
@@ -80,10 +83,37 @@ class WorkerMemory:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExpertParams:
+    """A Mixture-of-Experts role's whole model: what it holds against what a token runs through."""
+
+    total: int  # every expert, router, shared expert, attention, embedding, head
+    active: int  # attention, router, top-k experts, shared expert, embedding, head
+    n_experts: int
+    top_k: int
+    sparse_blocks: int
+    expert_parallel: bool  # whole experts per tp rank, else every expert split over tp
+    tp: int  # the role's tensor-parallel size at home
+
+    def describe(self, role: str) -> str:
+        if self.expert_parallel and self.tp > 1:
+            where = f"{self.n_experts // self.tp} whole experts per rank (expert parallel over m{self.tp})"
+        elif self.tp > 1:
+            where = f"every expert split over m{self.tp} like the MLP"
+        else:
+            where = "every expert on every rank"
+        return (
+            f"{role}: Mixture of Experts, {self.sparse_blocks} sparse blocks of {self.n_experts} experts "
+            f"(top {self.top_k}): {_count(self.total)} parameters, {_count(self.active)} active per "
+            f"token; {where}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     roles: dict[str, RoleMemory]
     workers: list[WorkerMemory]
     shape: dict[str, int]  # n_seqs, n, prompt_len, new_tokens: what the estimates assume
+    experts: dict[str, ExpertParams] = dataclasses.field(default_factory=dict)  # MoE roles only
 
 
 def _holder(tree: Any, key: str) -> Mapping:
@@ -126,20 +156,19 @@ def _config_from_folder(path: str) -> ReaLModelConfig:
     return hf_family_for_model_type(raw.get("model_type", "")).config_from_hf(raw)
 
 
-def param_counts(cfg: ReaLModelConfig, tp: int, pp: int = 1) -> tuple[int, int]:
-    """(parameters per device, parameters of one layer) under tensor / pipeline parallelism."""
-    h, d, inter = cfg.hidden_dim, cfg.head_dim, cfg.intermediate_dim
-    check_tensor_parallel(cfg, tp, "tensor parallelism")
-    q, kv, i = cfg.n_q_heads * d // tp, cfg.n_kv_heads * d // tp, inter // tp
-    norm = h * (2 if cfg.layer_norm_type == "layer" else 1)
-    attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * cfg.use_attention_bias + h * cfg.use_attn_proj_bias
-    n_mlp = 3 if cfg.mlp_type == "gated" else 2
-    mlp = n_mlp * h * i + ((n_mlp - 1) * i + h) * cfg.use_mlp_bias
-    layer = 2 * norm + attn + mlp + 2 * d * cfg.qk_layernorm
-    vocab = cfg.vocab_size // tp if cfg.vocab_size % tp == 0 else cfg.vocab_size
-    embed = vocab * h + cfg.n_positions * h * cfg.abs_position_embedding
-    head = h + 1 if cfg.is_critic else 0 if cfg.tied_embedding else vocab * h
-    return math.ceil(cfg.n_layers / pp) * layer + embed + norm + head, layer
+def param_counts(
+    cfg: ReaLModelConfig, tp: int, pp: int = 1, expert_parallel: bool = False
+) -> tuple[int, int]:
+    """(parameters per device, parameters of the largest layer) under tensor / pipeline (/ expert)
+    parallelism; ``param_count.count_params`` has the active count too."""
+    check_tensor_parallel(cfg, tp, "tensor parallelism", expert_parallel)
+    counts = count_params(cfg, tp, pp, expert_parallel)
+    return counts.total, counts.layer
+
+
+def expert_parallel_of(econf: Mapping[str, Any]) -> bool:
+    """``<role>.engine.expert_parallel`` (False where the engine has no such option)."""
+    return bool(econf.get("expert_parallel"))
 
 
 def batch_shape(exp: ExperimentConfig) -> dict[str, int]:
@@ -158,22 +187,47 @@ def batch_shape(exp: ExperimentConfig) -> dict[str, int]:
     }
 
 
+def _mlp_token_bytes(cfg: ReaLModelConfig, idx: int, tp: int, expert_parallel: bool, b: int) -> float:
+    """What block ``idx``'s MLP keeps per token. Dense: gate, up, activation, product (``2i``
+    for a plain MLP). Sparse (``nn/moe.py``): router logits and their fp32 softmax; per (token,
+    expert) pair the gathered input row, the expert's gate / up / activation / product and its
+    output row; the shared expert like a dense MLP, plus its gate and output. Expert parallelism
+    gives a rank k / tp of a token's pairs at the whole expert width; tensor parallelism all k
+    pairs at 1 / tp of it."""
+    if not cfg.is_moe_layer(idx):
+        return b * (4 if cfg.mlp_type == "gated" else 2) * cfg.intermediate_dim / tp
+    h, k = cfg.hidden_dim, cfg.n_experts_per_tok
+    pairs, inner = (
+        (k / tp, cfg.moe_intermediate_dim) if expert_parallel else (k, cfg.moe_intermediate_dim / tp)
+    )
+    out = (b + 4) * cfg.n_experts + b * pairs * (2 * h + 4 * inner)
+    if cfg.shared_expert_intermediate_dim:
+        out += b * (4 * cfg.shared_expert_intermediate_dim / tp + h + 1)
+    return out
+
+
+def _layer_token_bytes(cfg: ReaLModelConfig, tp: int, expert_parallel: bool, b: int) -> list[int]:
+    """Per block, what it keeps per token: the fp32 residual stream both norms read, then in the
+    compute dtype the norm outputs, q/k/v, the attention output and the MLP's (above)."""
+    h = cfg.hidden_dim
+    q, kv = cfg.n_q_heads * cfg.head_dim // tp, cfg.n_kv_heads * cfg.head_dim // tp
+    attn = 8 * h + b * (2 * h + 2 * (q + 2 * kv) + 2 * q)
+    return [math.ceil(attn + _mlp_token_bytes(cfg, i, tp, expert_parallel, b)) for i in range(cfg.n_layers)]
+
+
 def _call_bytes(
     mfc: MFCDef, cfg: ReaLModelConfig, layout: Layout, shape: dict[str, int], engine: str, econf: dict
 ) -> tuple[int, int]:
     """(KV cache, activation estimate) of one call on one device; see docs/memory_plan.md."""
     b = _DTYPE_BYTES[econf.get("dtype", "auto")]
-    h, tp = cfg.hidden_dim, layout.tp
-    q, kv, i = (
-        cfg.n_q_heads * cfg.head_dim // tp,
-        cfg.n_kv_heads * cfg.head_dim // tp,
-        cfg.intermediate_dim // tp,
-    )
-    # what a layer keeps per token: fp32 residual read by both norms, low-precision projections
-    layer_tok = 8 * h + b * (2 * h + 2 * (q + 2 * kv) + 2 * q + (4 if cfg.mlp_type == "gated" else 2) * i)
-    logits_tok = 0 if cfg.is_critic else 8 * cfg.vocab_size  # fp32 logits (gathered over tp), log-softmax
+    h, tp, ep = cfg.hidden_dim, layout.tp, expert_parallel_of(econf)
+    per_layer = _layer_token_bytes(cfg, tp, ep, b)
     layers = math.ceil(cfg.n_layers / layout.pp)
-    params, _ = param_counts(cfg, tp, layout.pp)
+    # the fullest pipeline stage's blocks; one block: the largest
+    stage = max((sum(per_layer[s : s + layers]) for s in range(0, cfg.n_layers, max(layers, 1))), default=0)
+    layer_tok = max(per_layer, default=0)
+    logits_tok = 0 if cfg.is_critic else 8 * cfg.vocab_size  # fp32 logits (gathered over tp), log-softmax
+    params, _ = param_counts(cfg, tp, layout.pp, ep)
     n_mbs = mfc.mb_spec.n_mbs
     prompts = math.ceil(math.ceil(shape["n_seqs"] / layout.dp) / n_mbs)
     seqs, seqlen = prompts * shape["n"], shape["prompt_len"] + shape["new_tokens"]
@@ -189,7 +243,7 @@ def _call_bytes(
         tokens = min(tokens, max(mfc.mb_spec.max_tokens_per_mb, seqlen))
     if mfc.interface_type is not TRAIN:
         return 0, tokens * (layer_tok + logits_tok) + copy
-    stash = 4 * h * layers + layer_tok if econf.get("gradient_checkpointing") else layer_tok * layers
+    stash = 4 * h * layers + layer_tok if econf.get("gradient_checkpointing") else stage
     return 0, tokens * (stash + logits_tok) + copy
 
 
@@ -213,17 +267,20 @@ def role_memory(
         raise ValueError(f"model {role!r} is trained and offloaded: only frozen models may be offloaded")
     if copy is not None:
         engine, econf = "inference", {**econf, "fsdp": False}
+    ep = expert_parallel_of(econf)
     try:
-        params, layer = param_counts(cfg, layout.tp, layout.pp)
+        check_tensor_parallel(cfg, layout.tp, "tensor parallelism", ep)
+        counts = count_params(cfg, layout.tp, layout.pp, ep)
     except ValueError as e:
         raise ValueError(f"model {role!r} cannot use layout {layout}: {e}") from None
+    params, layer = counts.total, counts.layer
     fsdp = bool(econf.get("fsdp")) and layout.dp > 1
     whole, params = params, math.ceil(params / layout.dp) if fsdp else params
     wbytes = 4 if engine == "train" else _DTYPE_BYTES[econf.get("dtype", "auto")]
     train = engine == "train"
     lora = lora_of(spec.model.args)
     if lora is not None:  # the adapters ride beside the base; only they (and a critic's head) train
-        adapters = adapter_param_count(cfg, lora)
+        adapters = adapter_param_count(cfg, lora, expert_shards=layout.tp if ep else 1)
         adapters = math.ceil(adapters / layout.dp) if fsdp else adapters
         trained = adapters + (cfg.hidden_dim + 1) * cfg.is_critic
         # a trained LoRA model keeps its frozen base in the engine's dtype (not under FSDP)
@@ -236,7 +293,7 @@ def role_memory(
     else:
         weights, grads, optimizer = wbytes * params, 4 * params * train, 8 * params * train
     offload = spec.offload or (copy is not None and not spec.keep_gen_copy)  # off the device between calls
-    root = whole - math.ceil(cfg.n_layers / layout.pp) * layer  # embedding, final norm, head
+    root = counts.root  # embedding, final norm, head
     gathered = {
         kind: wbytes * n * fsdp for kind, n in ((GEN, whole), (TRAIN, layer + root), (INF, layer + root))
     }
@@ -270,7 +327,28 @@ def plan_memory(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | N
         )
         resident = sum(m.resident for m in here)
         workers.append(WorkerMemory(w, tuple(m.role for m in here), resident, resident + extra, call))
-    return MemoryPlan(roles, workers, batch_shape(exp))
+    return MemoryPlan(roles, workers, batch_shape(exp), _experts(exp, configs))
+
+
+def _experts(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | None]) -> dict[str, ExpertParams]:
+    """The whole-model total and active parameters of every Mixture-of-Experts role."""
+    out = {}
+    for role in sorted(exp.allocations):
+        cfg, spec = configs.get(role), exp.models[role]
+        if cfg is None or not cfg.n_experts or spec.backend.type_ == "null":
+            continue
+        whole = count_params(cfg)
+        ep = expert_parallel_of(spec.backend.args.get("engine") or {})
+        out[role] = ExpertParams(
+            whole.total,
+            whole.active,
+            cfg.n_experts,
+            cfg.n_experts_per_tok,
+            len(cfg.moe_layers),
+            ep,
+            exp.placement(role).layout.tp,
+        )
+    return out
 
 
 def model_configs(exp: ExperimentConfig, fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -312,6 +390,7 @@ def format_plan(plan: MemoryPlan, device_memory_bytes: int | None = None) -> str
             + "".join(f"{gib(c):>{w}}" for c, w in zip(cols, widths))
             + f"  {'yes' if m.offload else 'no'}"
         )
+    lines += [e.describe(role) for role, e in plan.experts.items()]
     lines.append(f"{'workers':<10}{'resident':>9}{'peak':>8}  {'roles':<24} peak during")
     for ws, w in _groups(plan):
         over = "  OVER" if device_memory_bytes is not None and w.peak > device_memory_bytes else ""

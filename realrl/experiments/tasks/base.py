@@ -40,6 +40,9 @@ class EmbeddedTask:
     paths: Callable[[str], dict[str, str]]  # (data dir) -> file name -> path, without writing
     model_config: Callable[[], dict[str, Any]]
     recipes: dict[str, Recipe]
+    # names its data folder instead of ``label`` (a variant of a task that differs only in its
+    # model reads the same files; its runs and checkpoints stay apart, under its own trial)
+    data_label: str | None = None
 
     def recipe(self, experiment: str) -> Recipe:
         """The recipe of ``experiment``, else of the nearest experiment its config class extends
@@ -62,7 +65,7 @@ class EmbeddedTask:
         )
 
     def data_dir(self, fileroot: str, seed: int) -> str:
-        return os.path.join(os.path.abspath(fileroot), f"{self.label}_task", f"seed{seed}")
+        return os.path.join(os.path.abspath(fileroot), f"{self.data_label or self.label}_task", f"seed{seed}")
 
     def files(self, fileroot: str, seed: int) -> dict[str, str]:
         """Write the task's files for ``seed`` (once; later calls reuse them) and return their paths."""

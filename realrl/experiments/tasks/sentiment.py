@@ -157,10 +157,13 @@ def toy_task(
     n_positions: int,
     rl_steps: int = 30,
     updates: tuple[int, int] = (4, 4),
+    n_experts: int = 0,
+    data_label: str | None = None,
 ) -> EmbeddedTask:
     """A toy-corpus task: ``toy`` are its ``ToyTaskConfig`` fields beyond the seed and size, its
-    answers at most ``max_new_tokens`` long, its model ``n_positions`` long; its RL runs
-    ``rl_steps`` steps of ``updates`` (epochs, minibatches) each."""
+    answers at most ``max_new_tokens`` long, its model ``n_positions`` long (a Mixture of Experts
+    of ``n_experts``, top-2, when > 0); its RL runs ``rl_steps`` steps of ``updates`` (epochs,
+    minibatches) each; ``data_label``: another task's data folder it reads."""
 
     def build(data_dir: str, seed: int) -> dict[str, str]:
         build_toy_task(data_dir, ToyTaskConfig(seed=seed, n_prompts=TOY_N_PROMPTS, **toy))
@@ -181,7 +184,7 @@ def toy_task(
         doc=doc,
         build=build,
         paths=toy_paths,
-        model_config=functools.partial(toy_model_config, n_positions=n_positions),
+        model_config=functools.partial(toy_model_config, n_positions=n_positions, n_experts=n_experts),
         recipes={
             "sft": sft_recipe(SFT_PRESET),
             "rw": Recipe(RW_PRESET, PAIR_FILES, {"model.path": "sft"}),
@@ -202,6 +205,7 @@ def toy_task(
             "reinforce_pp": group,
             "remax": group,
         },
+        data_label=data_label,
     )
 
 
@@ -228,5 +232,20 @@ SENTIMENT_LONG = register_task(
         n_positions=64,
         rl_steps=60,
         updates=(1, 1),
+    )
+)
+# the sentiment task's data and recipes with a Mixture-of-Experts model (4 experts of half the dense
+# MLP's width, top-2: the dense model's active parameters, twice its MLP weights); its runs and
+# checkpoints live under their own trial (toy_moe-seed<seed>), its data is the sentiment task's
+SENTIMENT_MOE = register_task(
+    toy_task(
+        "sentiment_moe",
+        "toy_moe",
+        "the sentiment task with a Mixture-of-Experts model (4 experts, top-2; docs/model.md)",
+        {},
+        MAX_NEW_TOKENS,
+        n_positions=64,
+        n_experts=4,
+        data_label="toy",
     )
 )

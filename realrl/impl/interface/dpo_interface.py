@@ -24,6 +24,7 @@ from realrl.impl.interface.common import (
     save_model,
     token_minus_one_sample,
 )
+from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.utils.losses import dpo_loss
 
 
@@ -99,7 +100,8 @@ class DPOInterface(ModelInterface):
             chosen_lengths=n_tok[0::2],
             rejected_lengths=n_tok[1::2],
         )
-        return loss, {k: float(v) for k, v in stats.items()}
+        # a Mixture-of-Experts policy's router load-balancing term
+        return add_router_aux_loss(loss, {k: float(v) for k, v in stats.items()}, logits)
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         require_keys(data, (INPUT_KEY, "packed_ref_logprobs"), "dpo.train_step")

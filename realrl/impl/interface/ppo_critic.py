@@ -30,6 +30,7 @@ from realrl.impl.interface.common import (
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
 from realrl.impl.interface.ppo_keys import CRITIC_TRAIN_KEYS
 from realrl.impl.interface.ppo_updates import run_epochs
+from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.utils import ppo_functional as F
 
 
@@ -60,7 +61,8 @@ class PPOCriticInterface(ModelInterface):
 
     def _loss_fn(self, output: torch.Tensor, mb: SequenceSample):
         """Clipped value loss against the returns; the head, the old values and the returns are
-        all in the head's units (normalised with ``value_norm``)."""
+        all in the head's units (normalised with ``value_norm``); a Mixture-of-Experts critic adds
+        its router's load-balancing loss."""
         values = drop_last_token(scalar_output(output), cu_seqlens_on(mb, output.device))
         dev = values.device
         old = drop_last_token(mb.data["old_values"].float().to(dev), cu_seqlens_on(mb, dev))
@@ -69,7 +71,7 @@ class PPOCriticInterface(ModelInterface):
         loss, st = F.critic_loss(values, old, returns, self.hp.value_eps_clip, mask)
         stats = {k: float(v) for k, v in st.items()}
         stats["value_mean"] = float(F.masked_mean(values.detach(), mask))
-        return loss, stats
+        return add_router_aux_loss(loss, stats, output)
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         require_keys(data, CRITIC_TRAIN_KEYS, "ppo_critic.train_step")

@@ -31,6 +31,7 @@ from realrl.impl.interface.common import (
     scalar_output,
 )
 from realrl.impl.model.backend import dp
+from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.utils.losses import bradley_terry_loss
 
 logger = logging.getLogger("paired_rw")
@@ -120,7 +121,7 @@ class PairedRewardInterface(ModelInterface):
             "rejected_reward": float(r.mean()),
             "n_pairs": float(c.numel()),
         }
-        return loss, stats
+        return add_router_aux_loss(loss, stats, output)  # a Mixture-of-Experts model's router term
 
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         require_keys(data, (INPUT_KEY,), "paired_rw.train_step")

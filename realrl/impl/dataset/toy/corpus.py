@@ -219,19 +219,34 @@ def toy_paths(out_dir: str) -> dict[str, str]:
     }
 
 
-def toy_model_config(vocab: ToyVocab | None = None, n_positions: int = 64) -> dict:
+def toy_model_config(
+    vocab: ToyVocab | None = None, n_positions: int = 64, n_experts: int = 0, top_k: int = 2
+) -> dict:
     """The tiny llama-family decoder of the toy task (d=64, 2 layers, 4 heads).
 
     A ``ReaLModelConfig`` field dict: what the "real_model" factory takes as ``config=``.
+    ``n_experts`` > 0 makes every MLP a Mixture of Experts (a Mixtral-shaped model): ``top_k``
+    experts per token, each ``256 / top_k`` wide, so a token runs through as many MLP weights as
+    in the dense model (about the same active parameters) while the model holds ``n_experts / top_k``
+    times the MLP weights; top-k weights renormalised, as Mixtral's router does.
     """
     vocab = vocab or ToyVocab()
     tokens = vocab.tokens
+    inner = 256
+    moe = {}
+    if n_experts:
+        moe = {
+            "n_experts": n_experts,
+            "n_experts_per_tok": top_k,
+            "moe_intermediate_dim": inner // top_k,
+            "norm_topk_prob": True,
+        }
     return {
         "n_layers": 2,
         "n_q_heads": 4,
         "n_kv_heads": 4,
         "hidden_dim": 64,
-        "intermediate_dim": 256,
+        "intermediate_dim": inner,
         "vocab_size": len(tokens),
         "n_positions": n_positions,
         "layer_norm_type": "rms",
@@ -241,4 +256,5 @@ def toy_model_config(vocab: ToyVocab | None = None, n_positions: int = 64) -> di
         "bos_token_id": tokens.index("<bos>"),
         "eos_token_id": tokens.index("<eos>"),
         "pad_token_id": tokens.index("<pad>"),
+        **moe,
     }

@@ -11,7 +11,8 @@ the data-parallel group among them), which the model worker always passes, once,
 None is a model on one worker. A backend with nothing to synchronise still names it (and may
 reject a layout it cannot serve), so no caller has to guess from a ``TypeError`` what a backend
 accepts. The train and inference backends split the module as the layout says (tensor
-parallelism, then FSDP2 when ``engine.fsdp``) before wrapping it.
+parallelism, with whole experts per rank when ``engine.expert_parallel``, then FSDP2 when
+``engine.fsdp``) before wrapping it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _split(model: Model, engine: EngineConfig, parallel: ParallelContext | None)
     """Make ``model.module`` parallel as its layout says; the context the engine is given."""
     if parallel is None:
         return None
-    parallel = dataclasses.replace(parallel, fsdp=engine.fsdp)
+    parallel = dataclasses.replace(parallel, fsdp=engine.fsdp, expert_parallel=engine.expert_parallel)
     parallelize(model.module, parallel)
     return parallel
 

@@ -76,6 +76,10 @@ class EngineConfig:
     the outputs are the same, the work drops by the repeated prompt tokens.
     ``fsdp``: shard parameters, gradients and optimizer state over the layout's data-parallel
     ranks with FSDP2 (``torch.distributed.fsdp.fully_shard``), on top of any tensor parallelism.
+    ``expert_parallel``: in a layout with m > 1, a Mixture-of-Experts model's sparse blocks place
+    whole experts on the m ranks (n_experts / m each) instead of splitting every expert; attention,
+    dense blocks and the shared expert stay split by tensor parallelism (docs/model.md, "Expert
+    placement"). Only for MoE models, with n_experts divisible by m (``layout_fit``).
     """
 
     dtype: str = "auto"  # auto | fp32 | bf16 | fp16
@@ -83,6 +87,7 @@ class EngineConfig:
     gradient_checkpointing: bool = False
     share_prefixes: bool = True
     fsdp: bool = False
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

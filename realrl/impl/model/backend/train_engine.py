@@ -168,7 +168,7 @@ class TrainEngine(InferenceEngine):
             self.loss_scaler.unscale_(params)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         if self.sharded:  # shards' squares summed over the mesh: the norm of the whole gradient
-            grad_norm = clip_grad_norm(params, max_norm)
+            grad_norm = clip_grad_norm(params, max_norm, self.module)
         else:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         lr = self.lr_scheduler.step(version_steps)

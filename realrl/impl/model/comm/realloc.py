@@ -30,6 +30,7 @@ from realrl.impl.model.comm.realloc_plan import (
     Piece,
     ReallocPlan,
     Side,
+    is_empty,
 )
 from realrl.impl.model.nn.lora import LoRAConfig, add_adapters, trained_param_names
 from realrl.impl.model.nn.real_model import ReaLModel
@@ -68,7 +69,9 @@ def _meta_model(cfg: ReaLModelConfig, lora: LoRAConfig | None = None) -> ReaLMod
     return model
 
 
-def split_dims_for(cfg: ReaLModelConfig, tp: int, lora: LoRAConfig | None = None) -> dict[str, int | None]:
+def split_dims_for(
+    cfg: ReaLModelConfig, tp: int, lora: LoRAConfig | None = None, expert_parallel: bool = False
+) -> dict[str, int | None]:
     """Parameter -> the dim tensor parallelism over ``tp`` ranks splits (None: whole), read from
     the same plan ``apply_tensor_parallel`` applies. Depends on ``tp``: the vocabulary splits only
     when it divides."""
@@ -79,7 +82,7 @@ def split_dims_for(cfg: ReaLModelConfig, tp: int, lora: LoRAConfig | None = None
     dims: dict[str, int | None] = {n: None for n, _ in model.named_parameters()}
     if tp == 1:
         return dims
-    for module_name, style in plan_for(cfg, tp).items():
+    for module_name, style in plan_for(cfg, tp, expert_parallel).items():
         module = model.get_submodule(module_name)
         for attr, dim in _style_dims(style, module).items():
             if getattr(module, attr, None) is not None and f"{module_name}.{attr}" in dims:
@@ -88,11 +91,23 @@ def split_dims_for(cfg: ReaLModelConfig, tp: int, lora: LoRAConfig | None = None
 
 
 def side_for(
-    cfg: ReaLModelConfig, placement: Placement, fsdp: bool = False, lora: LoRAConfig | None = None
+    cfg: ReaLModelConfig,
+    placement: Placement,
+    fsdp: bool = False,
+    lora: LoRAConfig | None = None,
+    expert_parallel: bool = False,
 ) -> Side:
-    """The plan's view of ``cfg`` laid out on ``placement`` (``fsdp``: as ``apply_fsdp`` shards)."""
-    dims = split_dims_for(cfg, placement.layout.tp, lora)
-    return Side(placement, dims, fsdp and placement.layout.dp > 1)
+    """The plan's view of ``cfg`` laid out on ``placement`` (``fsdp``: as ``apply_fsdp`` shards;
+    ``expert_parallel``: each tp rank holds its share of the routed experts whole)."""
+    from realrl.impl.model.parallel.tensor_parallel import expert_owner
+
+    tp = placement.layout.tp
+    dims = split_dims_for(cfg, tp, lora, expert_parallel)
+    owners = {}
+    if expert_parallel and tp > 1:
+        owned = ((n, expert_owner(n, cfg.n_experts, tp)) for n in dims)
+        owners = {n: owner for n, owner in owned if owner is not None}
+    return Side(placement, dims, fsdp and placement.layout.dp > 1, owners)
 
 
 def param_specs(module: nn.Module, wire_dtype: torch.dtype | None = None) -> dict[str, ParamSpec]:
@@ -126,7 +141,8 @@ def build_copy(
     lora: LoRAConfig | None = None,
 ) -> ReaLModel:
     """An empty ReaLModel laid out for ``parallel``, to be filled by ``reallocate``: split by
-    tensor parallelism when tp > 1, never sharded by FSDP (a copy serves generation and
+    tensor parallelism when tp > 1 (whole experts per rank with ``parallel.expert_parallel``),
+    never sharded by FSDP (a copy serves generation and
     inference), in eval mode and without gradients. Only this worker's shards are allocated."""
     from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel
 
@@ -135,7 +151,7 @@ def build_copy(
         if lora is not None:  # the same adapters as the home model (names, shapes): filled from it
             add_adapters(model, lora)
     if parallel is not None and parallel.mesh is not None and parallel.layout.tp > 1:
-        apply_tensor_parallel(model, parallel.tp_mesh)
+        apply_tensor_parallel(model, parallel.tp_mesh, parallel.expert_parallel)
     model.materialize(device)
     return model.eval().requires_grad_(False)
 
@@ -179,12 +195,15 @@ def local_tensors(
     module: nn.Module | None, boxes: Mapping[str, Mapping[int, Box]], me: int, what: str
 ) -> Tensors:
     """This worker's local tensor of every planned parameter, checked against its planned box
-    (names as the module's own: a gradient-checkpointed source is found under them too)."""
+    (names as the module's own: a gradient-checkpointed source is found under them too). A
+    parameter another rank holds alone (an expert placed elsewhere: an empty box) may be absent."""
     if module is None:
         raise ValueError(f"worker {me} is in the {what} placement of the plan but has no {what} module")
     named = dict(own_named_parameters(module))
     out = {}
     for name, per_worker in boxes.items():
+        if name not in named and is_empty(per_worker[me]):
+            continue
         if name not in named:
             raise ValueError(f"the {what} module has no parameter {name!r}")
         t, expected = local(named[name]), _shape(per_worker[me])

@@ -43,16 +43,23 @@ class Side:
     """How one layout holds the model.
 
     ``split_dims``: parameter -> the dim tensor parallelism splits (None or absent: whole on every
-    tp rank); ignored when tp == 1. ``fsdp``: dim 0 of the tp-local tensor is further sharded over
-    the dp ranks (FSDP2, torch.chunk semantics).
+    tp rank); ignored when tp == 1. ``owners``: parameter -> the one tp rank that holds it whole
+    (expert parallelism: a routed expert's weights); the other tp ranks hold nothing of it.
+    ``fsdp``: dim 0 of the tp-local tensor is further sharded over the dp ranks (FSDP2,
+    torch.chunk semantics).
     """
 
     placement: Placement
     split_dims: Mapping[str, int | None]
     fsdp: bool = False
+    owners: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def box(self, name: str, shape: tuple[int, ...], rank: int) -> Box:
-        return shard_box(shape, self.placement.layout, self.split_dims.get(name), self.fsdp, rank)
+        layout = self.placement.layout
+        owner = self.owners.get(name)
+        if owner is not None and layout.tp > 1 and layout.coords(rank)[2] != owner:
+            return tuple((0, 0) for _ in shape)
+        return shard_box(shape, layout, self.split_dims.get(name), self.fsdp, rank)
 
 
 def chunk_range(n: int, parts: int, index: int) -> tuple[int, int]:

@@ -184,11 +184,15 @@ def load_pretrained(
     device: torch.device | str | None,
     critic_head_init: str,
     tp_mesh=None,
+    expert_parallel: bool = False,
 ):
-    """``tp_mesh``: split the model over it as it loads, each rank reading only its slices."""
+    """``tp_mesh``: split the model over it as it loads, each rank reading only its slices
+    (``expert_parallel``: of a Mixture-of-Experts model, only its own whole experts)."""
     cfg, family, raw = _read_config(path, is_critic)
     if tp_mesh is not None and tp_mesh.size() > 1:
-        return _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh)
+        return _load_split(
+            cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh, expert_parallel
+        )
     sd = family.sd_from_hf(read_hf_state_dict(path), cfg)
     sd.update(_saved_head(path, raw))
     model = cls(
@@ -241,11 +245,12 @@ def _local_index(param: torch.Tensor) -> tuple[slice, ...]:
 
 
 @torch.no_grad()
-def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh):
+def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh, expert_parallel):
     """Build on "meta", split over ``tp_mesh``, allocate this rank's shards on the mesh's device and
-    fill them from the checkpoint, reading each renamed tensor's slice only."""
+    fill them from the checkpoint, reading each renamed tensor's slice only (and, with
+    ``expert_parallel``, no tensor of another rank's experts)."""
     from realrl.impl.model.parallel.dtensor import local
-    from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel
+    from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel, expert_owner
 
     model = cls(
         cfg,
@@ -254,7 +259,7 @@ def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init,
         attn_impl=attn_impl,
         critic_head_init=critic_head_init,
     )
-    apply_tensor_parallel(model, tp_mesh)
+    apply_tensor_parallel(model, tp_mesh, expert_parallel)
     on_cpu = tp_mesh.device_type == "cpu"
     model.materialize(torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device()))
     reader = CheckpointReader(path)
@@ -268,7 +273,13 @@ def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init,
             continue
         value = reader.read(source, index) if isinstance(source, str) else source[index]
         local(param).copy_(value)
-    unexpected = sorted(k for k in sources if k != "head.weight" or not cfg.tied_embedding)
+    rank, tp = tp_mesh.get_local_rank(), tp_mesh.size()
+    held_elsewhere = {
+        k for k in sources if expert_parallel and expert_owner(k, cfg.n_experts, tp) not in (None, rank)
+    }
+    unexpected = sorted(
+        k for k in sources if (k != "head.weight" or not cfg.tied_embedding) and k not in held_elsewhere
+    )
     _check_loaded(path, family, cfg, CRITIC_MARKER in raw, missing, unexpected)
     if cfg.is_critic and CRITIC_MARKER not in raw:
         model.reset_critic_head()

@@ -47,17 +47,22 @@ class RouterStats:
         }
 
 
-@dataclasses.dataclass
 class RouterLog:
     """Per-call record of the sparse blocks' routing. ``row_weights``: how many of the call's
     tokens each computed row stands for (shared-prefix packing computes a shared prompt once);
-    None: one each."""
+    None: one each.
 
-    n_experts: int
-    row_weights: torch.Tensor | None = None
-    counts: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per block [E]
-    prob_sums: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per block [E]
-    n_tokens: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per block, scalar
+    Not a dataclass, on purpose: FSDP2 rebuilds every dataclass among a unit's arguments that
+    holds a tensor requiring gradients (``dataclasses.replace``, to hook those tensors), so the
+    blocks after the first would record into copies of a dataclass log (their probabilities
+    lost to the aux loss). This object passes through as it is."""
+
+    def __init__(self, n_experts: int, row_weights: torch.Tensor | None = None) -> None:
+        self.n_experts = n_experts
+        self.row_weights = row_weights
+        self.counts: list[torch.Tensor] = []  # per block [E]
+        self.prob_sums: list[torch.Tensor] = []  # per block [E]
+        self.n_tokens: list[torch.Tensor] = []  # per block, scalar
 
     def record(self, probs: torch.Tensor, chosen: torch.Tensor) -> None:
         """``probs`` fp32 [rows, E] (softmax of the router logits); ``chosen`` long [rows, k]."""

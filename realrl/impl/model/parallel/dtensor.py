@@ -19,3 +19,14 @@ def is_dtensor(t: object) -> bool:
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``t`` (``t`` itself when it is not a DTensor)."""
     return t.to_local() if is_dtensor(t) else t
+
+
+def summand(t: torch.Tensor) -> torch.Tensor:
+    """This rank's summand of ``t`` (a DTensor partial over its mesh; any other tensor is its own
+    summand) as a plain tensor. The gradient of a sum reaches each summand unchanged, so the
+    plain tensor's gradient goes back as a replicated one, not as another partial sum."""
+    if not is_dtensor(t):
+        return t
+    from torch.distributed.tensor import Replicate
+
+    return t.to_local(grad_placements=[Replicate()] * t.device_mesh.ndim)

@@ -32,12 +32,15 @@ class ParallelContext:
     ``mesh`` is None for a model on one worker; ``dp_group`` / ``tp_group`` are None when that
     size is 1; ``model_group`` holds every rank of the model (checkpoints are collective over it).
     ``fsdp``: parameters, gradients and optimizer state are sharded over the dp ranks.
+    ``expert_parallel``: a Mixture-of-Experts model's sparse blocks keep whole experts on each tp
+    rank (an equal share) instead of splitting every expert (``parallel/tensor_parallel.py``).
     """
 
     layout: Layout
     mesh: DeviceMesh | None
     model_group: dist.ProcessGroup | None
     fsdp: bool = False
+    expert_parallel: bool = False
 
     @property
     def dp_group(self) -> dist.ProcessGroup | None:

@@ -21,12 +21,19 @@ from realrl.impl.model.parallel.dtensor import is_dtensor
 
 def full_state_dict(module: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
     """Whole CPU tensors of ``module``'s state dict; empty where ``keep`` is False (the ranks that
-    do not write: they take part in the gathers and drop each tensor at once)."""
+    do not write: they take part in the gathers and drop each tensor at once). Under expert
+    parallelism each rank's state dict holds its own experts only: every expert is gathered."""
+    from realrl.impl.model.parallel.expert_parallel import gather_experts, placed_whole
+
+    elsewhere = tuple(f"{prefix}.experts." for prefix, _ in placed_whole(module))
     out = {}
     for name, value in module.state_dict().items():
+        if elsewhere and name.startswith(elsewhere):  # gathered below, expert by expert
+            continue
         whole = value.full_tensor() if is_dtensor(value) else value
         if keep:
             out[name] = whole.detach().cpu().contiguous()
+    out.update(gather_experts(module, keep))
     return out
 
 

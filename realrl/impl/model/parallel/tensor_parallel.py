@@ -8,6 +8,11 @@ with its logits gathered, when the vocabulary divides evenly; norms, learned pos
 critic's scalar head stay whole on every rank. The same plan serves every family (llama, qwen2,
 qwen3, mistral, gpt2): they differ in biases, norms and MLP kind, not in what splits.
 
+A Mixture-of-Experts block splits each expert (and the shared expert) like the dense MLP, its
+router and shared gate whole; or, with expert parallelism (``<role>.engine.expert_parallel``),
+each rank keeps whole experts, an equal contiguous share of them, under their own names. Either
+way the block computes this rank's part of its output and reduces it once (``nn/moe.py``).
+
 Activations between blocks are whole on every rank (no sequence parallelism): packed,
 variable-length batches then need no change anywhere else, and the KV cache of generation holds
 each rank's own KV heads. The one whole weight that meets split activations is qwen3's per-head
@@ -18,13 +23,14 @@ q/k norm: each rank sees only its heads, so its gradient is summed over the tp r
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 import torch.distributed as dist
 import torch.utils.weak
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import Partial, Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -34,15 +40,29 @@ from torch.distributed.tensor.parallel import (
 
 from realrl.api.core.layout_fit import check_tensor_parallel
 from realrl.api.core.model_api import ReaLModelConfig
-from realrl.impl.model.parallel.mesh import comm_device
+from realrl.impl.model.nn.moe import ExpertSplit
+from realrl.impl.model.parallel.partial_sum import all_reduced
+
+_EXPERT = re.compile(r"(?:^|\.)mlp\.experts\.(\d+)\.")  # a routed expert's parameter
 
 
 def splits_vocab(cfg: ReaLModelConfig, tp: int) -> bool:
     return cfg.vocab_size % tp == 0
 
 
-def plan_for(cfg: ReaLModelConfig, tp: int) -> dict[str, ParallelStyle]:
-    """Module name -> parallel style."""
+def _expert(plan: dict[str, ParallelStyle], name: str) -> None:
+    """An expert split like the dense MLP (gate/up column-wise, down row-wise), but its down
+    projection's output stays this rank's summand (a DTensor partial over "tp"): the block adds
+    the parts up once (``nn/moe.py``), not once per expert."""
+    plan[f"{name}.gate"] = ColwiseParallel()
+    plan[f"{name}.up"] = ColwiseParallel()
+    plan[f"{name}.down"] = RowwiseParallel(output_layouts=Partial(), use_local_output=False)
+
+
+def plan_for(cfg: ReaLModelConfig, tp: int, expert_parallel: bool = False) -> dict[str, ParallelStyle]:
+    """Module name -> parallel style. A sparse block's experts are split like the dense MLP, or,
+    with ``expert_parallel``, not at all (``expert_range`` places them whole); its router and
+    shared gate stay whole (they read whole activations)."""
     plan: dict[str, ParallelStyle] = {}
     if splits_vocab(cfg, tp):
         plan["embed.wte"] = RowwiseParallel(input_layouts=Replicate())
@@ -53,6 +73,13 @@ def plan_for(cfg: ReaLModelConfig, tp: int) -> dict[str, ParallelStyle]:
         for name in ("q", "k", "v"):
             plan[f"{block}.attn.{name}"] = ColwiseParallel()
         plan[f"{block}.attn.o"] = RowwiseParallel()
+        if cfg.is_moe_layer(i):
+            if not expert_parallel:
+                for e in range(cfg.n_experts):
+                    _expert(plan, f"{block}.mlp.experts.{e}")
+            if cfg.shared_expert_intermediate_dim:
+                _expert(plan, f"{block}.mlp.shared")
+            continue
         if cfg.mlp_type == "gated":
             plan[f"{block}.mlp.gate"] = ColwiseParallel()
         plan[f"{block}.mlp.up"] = ColwiseParallel()
@@ -60,11 +87,17 @@ def plan_for(cfg: ReaLModelConfig, tp: int) -> dict[str, ParallelStyle]:
     return plan
 
 
-def _sum_over(grad: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """A whole weight's gradient from this rank's heads, summed over the tp ranks' heads."""
-    total = grad.to(comm_device(group), copy=True)
-    dist.all_reduce(total, group=group)
-    return total.to(grad.device)
+def expert_range(n_experts: int, tp: int, rank: int) -> range:
+    """The experts tp rank ``rank`` holds whole under expert parallelism: an equal, contiguous share."""
+    share = n_experts // tp
+    return range(rank * share, (rank + 1) * share)
+
+
+def expert_owner(name: str, n_experts: int, tp: int) -> int | None:
+    """The tp rank that holds parameter ``name`` under expert parallelism (None: a parameter of
+    every rank, not a routed expert's)."""
+    match = _EXPERT.search(name)
+    return None if match is None else int(match.group(1)) // (n_experts // tp)
 
 
 def partial_over_tp(attn: nn.Module) -> list[nn.Parameter]:
@@ -100,24 +133,31 @@ class SumGradientOverTp:
             return
         for p in partial_over_tp(attn):
             if p.requires_grad and p not in self.hooked:
-                p.register_hook(functools.partial(_sum_over, group=self.group))
+                # a whole weight's gradient from this rank's heads, summed over the tp ranks' heads
+                p.register_hook(functools.partial(all_reduced, group=self.group))
                 self.hooked[p] = True
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard ``model`` (a ReaLModel, whole and identical on every rank) over ``tp_mesh`` in place.
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, expert_parallel: bool = False) -> None:
+    """Shard ``model`` (a ReaLModel, whole and identical on every rank, or on "meta") over
+    ``tp_mesh`` in place.
 
     Each rank keeps its slice of the weights it already holds (no communication). The attention
-    modules are told how many heads are theirs.
+    modules are told how many heads are theirs, the sparse blocks how they are split;
+    ``expert_parallel``: each sparse block keeps its own whole experts and drops the others.
     """
     cfg: ReaLModelConfig = model.config
     tp = tp_mesh.size()
-    check_tensor_parallel(cfg, tp, "tensor parallelism")
-    parallelize_module(model, tp_mesh, plan_for(cfg, tp), src_data_rank=None)
+    check_tensor_parallel(cfg, tp, "tensor parallelism", expert_parallel)
+    parallelize_module(model, tp_mesh, plan_for(cfg, tp, expert_parallel), src_data_rank=None)
     group = tp_mesh.get_group()
-    for layer in model.layers:
+    for i, layer in enumerate(model.layers):
         layer.attn.n_q, layer.attn.n_kv = cfg.n_q_heads // tp, cfg.n_kv_heads // tp
         if partial_over_tp(layer.attn):
             layer.attn.register_forward_pre_hook(SumGradientOverTp(group))
+        if cfg.is_moe_layer(i):
+            layer.mlp.split = ExpertSplit(group, whole_experts=expert_parallel)
+            if expert_parallel:
+                layer.mlp.keep_experts(expert_range(cfg.n_experts, tp, tp_mesh.get_local_rank()))
     if cfg.tied_embedding and not cfg.is_critic:
         model.head.weight = model.embed.wte.weight  # both split the vocabulary the same way
