@@ -23,7 +23,7 @@ from realrl.api.core.system_api import model_worker_name
 from realrl.system.buffer import SampleBuffer
 from realrl.system.copies import CopyPlan
 from realrl.system.protocol import MFCCall, MFCReply, MFCRequest, ReallocOrder, Segment
-from realrl.system.request_reply_stream import MasterStream, wait_replies
+from realrl.system.request_reply_stream import MasterStream, WorkerError, WorkerLostError, wait_replies
 from realrl.system.transfer_plan import Push, plan_pushes, plan_transfers
 
 TAG_MODULUS = 2**30
@@ -253,14 +253,36 @@ async def post_all(
     return await wait_replies(futures, model_worker_name, handler, timeout)
 
 
-async def run_guarded(work: list[asyncio.Task], guard: asyncio.Task) -> None:
+# what a worker's failure says when a peer it was exchanging tensors with went away (gloo's
+# transport errors): most likely a consequence of that peer's death, not a fault of its own
+PEER_LOST_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket closed")
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` is a worker's request failing because a peer's connection broke."""
+    return isinstance(error, WorkerError) and any(m in error.remote_traceback for m in PEER_LOST_MARKERS)
+
+
+async def run_guarded(work: list[asyncio.Task], guard: asyncio.Task, grace: float = 0.0) -> None:
     """Wait until every ``work`` task is done; the first failure (of work or of the ``guard``,
-    which only ever ends by raising) cancels everything else and is raised."""
+    which only ever ends by raising) cancels everything else and is raised. A worker failing
+    because a peer's connection broke (``peer_lost``) gives the guard up to ``grace`` seconds to
+    find the peer lost: the lost worker is then the error raised (the root cause), with the
+    survivor's failure attached."""
     everything = asyncio.gather(*work)
     try:
         await asyncio.wait([everything, guard], return_when=asyncio.FIRST_COMPLETED)
         if guard.done():
             guard.result()  # raises the guard's error
+        failure = everything.exception() if everything.done() else None
+        if failure is not None and grace > 0 and peer_lost(failure):
+            await asyncio.wait([guard], timeout=grace)
+            if guard.done():
+                lost = guard.exception()
+                if isinstance(lost, WorkerLostError):
+                    raise WorkerLostError(
+                        lost.worker, f"{lost.reason}; {failure.worker} then failed: {_last_line(failure)}"
+                    ) from failure
         everything.result()
     finally:
         for t in [*work, guard]:
@@ -269,3 +291,8 @@ async def run_guarded(work: list[asyncio.Task], guard: asyncio.Task) -> None:
         await asyncio.gather(*work, guard, return_exceptions=True)
         if everything.done() and not everything.cancelled():
             everything.exception()  # mark as retrieved
+
+
+def _last_line(error: WorkerError) -> str:
+    lines = [line for line in error.remote_traceback.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(error).__name__

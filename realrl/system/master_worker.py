@@ -128,7 +128,9 @@ class MasterWorker:
                 for m in cfg.mfcs
                 if m not in self.sampling
             ]
-            await run_guarded(work, guard)
+            # a worker failing because its peer vanished: wait for the guard (heartbeats, the
+            # launcher) to name the peer, the root cause
+            await run_guarded(work, guard, grace=cfg.timeouts.heartbeat + 5.0)
         finally:
             if not guard.done():
                 guard.cancel()
@@ -255,9 +257,12 @@ class MasterWorker:
             except WorkerLostError as e:
                 self.stream.drain()  # replies it sent before it was lost: not what it was doing
                 doing = self.stream.in_flight(e.worker)
-                if not doing:
+                if doing:
+                    raise WorkerLostError(e.worker, f"{e.reason}, while running {doing[0]}") from None
+                last = self.stream.finished_last(e.worker)
+                if last is None:
                     raise
-                raise WorkerLostError(e.worker, f"{e.reason}, while running {doing[0]}") from None
+                raise WorkerLostError(e.worker, f"{e.reason}, between requests (its last: {last})") from None
             await asyncio.sleep(0.2)
 
     async def _load_data(self) -> None:

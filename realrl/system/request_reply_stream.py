@@ -216,6 +216,7 @@ class MasterStream:
         self.address = f"tcp://{host}:{port}"
         self.pending: dict[str, tuple[str, str, asyncio.Future]] = {}
         self.doing: dict[str, str] = {}  # request id -> what it asks, for messages (``in_flight``)
+        self.last_done: dict[str, str] = {}  # worker -> the last request it answered, in words
         self.hello: set[str] = set()
         self.last_seen: dict[str, float] = {}
         self.refusals = Refusals(name)
@@ -273,7 +274,9 @@ class MasterStream:
             self.hello.add(msg.sender)
         elif msg.kind == "reply":
             entry = self.pending.pop(msg.request_id, None)
-            self.doing.pop(msg.request_id, None)
+            done = self.doing.pop(msg.request_id, None)
+            if done is not None:
+                self.last_done[msg.sender] = done
             if entry is None:
                 logger.warning("reply to unknown request %s from %s", msg.request_id, msg.sender)
                 return
@@ -335,6 +338,10 @@ class MasterStream:
                     missing[0],
                 )
             await asyncio.sleep(0.05)
+
+    def finished_last(self, worker: str) -> str | None:
+        """The last request ``worker`` answered (in words), if any."""
+        return self.last_done.get(worker)
 
     def in_flight(self, worker: str) -> list[str]:
         """What ``worker`` was asked and has not answered, oldest first (it runs them in order, so
