@@ -104,3 +104,16 @@ def moe_fields(hf: Any, n_experts: int, moe_intermediate: int, **fields: Any) ->
         router_aux_loss_coef=float(hf.router_aux_loss_coef),
         **fields,
     )
+
+
+def qwen_moe_hf_fields(cfg: ReaLModelConfig) -> dict[str, Any]:
+    """The Mixture-of-Experts keys Qwen2-MoE's and Qwen3-MoE's ``config.json`` share."""
+    return dict(
+        num_experts=cfg.n_experts,
+        num_experts_per_tok=cfg.n_experts_per_tok,
+        moe_intermediate_size=cfg.moe_intermediate_dim or cfg.intermediate_dim,
+        norm_topk_prob=cfg.norm_topk_prob,
+        decoder_sparse_step=cfg.decoder_sparse_step,
+        mlp_only_layers=list(cfg.mlp_only_layers),
+        router_aux_loss_coef=cfg.router_aux_loss_coef,
+    )

@@ -61,13 +61,7 @@ def config_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
         attention_bias=cfg.use_attention_bias,
         use_sliding_window=bool(window),
         **(dict(sliding_window=window) if window else {}),
-        num_experts=cfg.n_experts,
-        num_experts_per_tok=cfg.n_experts_per_tok,
-        moe_intermediate_size=cfg.moe_intermediate_dim or cfg.intermediate_dim,
-        norm_topk_prob=cfg.norm_topk_prob,
-        decoder_sparse_step=cfg.decoder_sparse_step,
-        mlp_only_layers=list(cfg.mlp_only_layers),
-        router_aux_loss_coef=cfg.router_aux_loss_coef,
+        **_moe.qwen_moe_hf_fields(cfg),
     )
 
 
