@@ -26,6 +26,7 @@ setup(
         "matplotlib>=3.7",
         "datasets>=2.18",
         "tensorboard>=2.14",
+        "aiohttp>=3.9",  # the agents' OpenAI-compatible chat endpoint (realrl.impl.agents)
     ],
     extras_require={
         "gpu": ["flash-attn>=2.5"],
@@ -36,6 +37,7 @@ setup(
             "ruff>=0.5",
             "trl>=1.16",
             "psutil>=5.9",
+            "openai>=1.40",  # the client the agents of tests/agents talk through
         ],
         "bench": ["trl>=0.12", "psutil>=5.9"],
     },

@@ -22,8 +22,10 @@ def critic_free_checks(config: PPOConfig) -> None:
             f"{name} trains no critic, but ppo.adv_estimator={config.ppo.adv_estimator!r} needs one "
             "(use the ppo experiment)"
         )
-    if config.reward_fn is None:
-        raise ValueError(f"{name} needs reward_fn=<registered name | module:function>")
+    if config.reward_fn is None and config.env is None:
+        raise ValueError(
+            f"{name} needs a reward: reward_fn=<registered name | module:function> or env=<an environment>"
+        )
 
 
 @dataclasses.dataclass

@@ -25,12 +25,13 @@ from realrl.experiments.common import (
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
 from realrl.impl.interface.ppo_config import PPOHyperparameters
 from realrl.impl.interface.ppo_keys import (
-    ADVANTAGE_INPUTS,
     CRITIC_TRAIN_KEYS,
     actor_train_keys,
     advantage_inputs,
     advantage_outputs,
+    eval_inputs,
     rollout_keys,
+    score_keys,
 )
 
 PPO_DATASET_KEYS = ("packed_prompts",)
@@ -50,18 +51,23 @@ class PPOInterfaces:
 
     @staticmethod
     def of(
-        hp: PPOHyperparameters, reward: ModelInterfaceAbstraction | None = None, actor: str = "ppo_actor"
+        hp: PPOHyperparameters,
+        reward: ModelInterfaceAbstraction | None = None,
+        actor: str = "ppo_actor",
+        env: dict[str, Any] | None = None,
+        scores: tuple[str, ...] = ("rewards",),
     ) -> PPOInterfaces:
         """The registered PPO-family interfaces with options ``hp`` (``actor``: the actor's
-        interface name); the reward: a reward model unless given."""
+        interface name; ``env``: its environment options, for multi-turn rollouts; ``scores``: the
+        graph's scores, ``ppo_keys.score_keys``); the reward: a reward model unless given."""
         ppo = {"ppo": dataclasses.asdict(hp)}
         greedy = dataclasses.replace(hp, gen=dataclasses.replace(hp.gen, greedy=True, n=1))
         return PPOInterfaces(
-            actor=ModelInterfaceAbstraction(actor, ppo),
+            actor=ModelInterfaceAbstraction(actor, {**ppo, **(env or {})}),
             reward=reward or ModelInterfaceAbstraction("paired_rw"),
-            advantages=ModelInterfaceAbstraction("ppo_advantages", ppo),
+            advantages=ModelInterfaceAbstraction("ppo_advantages", {**ppo, "scores": list(scores)}),
             critic=ModelInterfaceAbstraction("ppo_critic", ppo) if hp.uses_critic else None,
-            greedy_actor=ModelInterfaceAbstraction(actor, {"ppo": dataclasses.asdict(greedy)}),
+            greedy_actor=ModelInterfaceAbstraction(actor, {"ppo": dataclasses.asdict(greedy), **(env or {})}),
         )
 
 
@@ -71,6 +77,7 @@ def ppo_mfcs(
     ifaces: PPOInterfaces | None = None,
     mb_specs: dict[str, MicroBatchSpec] | None = None,
     reward_inputs: tuple[str, ...] = ("packed_input_ids",),
+    scores: tuple[str, ...] = ("rewards",),
 ) -> list[MFCDef]:
     """The PPO-family graph, top to bottom:
 
@@ -78,11 +85,19 @@ def ppo_mfcs(
 
     With ReMax, ``actor_gen_greedy -> rew_inf_greedy`` adds the baseline's greedy answers and
     their scores; without a critic both critic calls go. A reward plugin also reads
-    ``prompt_mask`` (``reward_inputs``) to split prompt from answer."""
+    ``prompt_mask`` (``reward_inputs``) to split prompt from answer. ``scores``
+    (``ppo_keys.score_keys``): with ``env_rewards`` generation writes each trajectory's
+    environment reward; without ``rewards`` there is no reward call."""
     hp = hp or PPOHyperparameters()
     ifaces = ifaces or PPOInterfaces.of(hp)
     mb = mb_specs or {}
     gen, inf, train = ModelInterfaceType.GENERATE, ModelInterfaceType.INFERENCE, ModelInterfaceType.TRAIN_STEP
+    with_env, reward_call = "env_rewards" in scores, "rewards" in scores
+    if hp.estimator.needs_baseline and not reward_call:
+        raise ValueError(
+            f"ppo.adv_estimator={hp.adv_estimator!r} scores a greedy answer with the reward call, and "
+            "this graph has none (env=... alone): add reward_fn=... or choose another estimator"
+        )
     nodes = [
         mfc(
             "actor_gen",
@@ -91,10 +106,24 @@ def ppo_mfcs(
             ifaces.actor,
             n_seqs,
             ("packed_prompts",),
-            rollout_keys(hp),
+            rollout_keys(hp, env=with_env),
             mb.get("actor_gen"),
         ),
-        mfc("rew_inf", "reward", inf, ifaces.reward, n_seqs, reward_inputs, ("rewards",), mb.get("rew_inf")),
+    ]
+    if reward_call:
+        nodes.append(
+            mfc(
+                "rew_inf",
+                "reward",
+                inf,
+                ifaces.reward,
+                n_seqs,
+                reward_inputs,
+                ("rewards",),
+                mb.get("rew_inf"),
+            )
+        )
+    nodes += [
         mfc(
             "ref_inf",
             "ref",
@@ -150,7 +179,7 @@ def ppo_mfcs(
                 inf,
                 ifaces.advantages,
                 n_seqs,
-                advantage_inputs(hp),
+                advantage_inputs(hp, scores),
                 advantage_outputs(hp),
             ),
             whole_batch=True,
@@ -250,6 +279,13 @@ class PPOConfig(CommonExperimentConfig):
     # off (the exact reference policy, no second copy of the weights); false loads ref.path apart
     ref_from_actor_base: bool = True
     async_rl: AsyncRLConfig = dataclasses.field(default_factory=AsyncRLConfig)
+    # multi-turn rollouts (docs/agents.md): the environment each trajectory takes turns with (a
+    # register_env name, "package.module:Class" or "file.py:Class"), its constructor's keyword
+    # arguments after the row's metadata, and the seconds one step may take. Its step rewards
+    # are the reward, plus a reward model's or reward_fn's score when one is configured too.
+    env: str | None = None
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    env_timeout: float = 60.0
 
     CURVES = {
         "reward": ["compute_adv/task_reward", "eval/task_reward"],
@@ -290,6 +326,18 @@ class PPOConfig(CommonExperimentConfig):
             )
         if sampling.max_rounds < 1:
             raise ValueError(f"dynamic_sampling.max_rounds must be >= 1, got {sampling.max_rounds}")
+        if self.env is None and self.ppo.max_turns > 1:
+            raise ValueError(
+                f"ppo.max_turns={self.ppo.max_turns} takes turns with an environment, and env is not set "
+                "(env=<registered name | module:Class | file.py:Class>)"
+            )
+        if self.env_timeout <= 0:
+            raise ValueError(f"env_timeout must be > 0 seconds, got {self.env_timeout}")
+        if self.env is not None and self.async_rl.partial_rollout:
+            raise ValueError(
+                "async_rl.partial_rollout cannot interrupt multi-turn rollouts (env is set): a turn waits "
+                "on its environment; keep async_rl.enabled and set async_rl.partial_rollout=false"
+            )
 
     def unused_groups(self) -> set[str]:
         """Without a reward model there is no ``rew``, without GAE no ``critic``, and no ``ref``
@@ -333,7 +381,13 @@ class PPOConfig(CommonExperimentConfig):
         critic_path = self.critic.path or rew_path or actor_path  # from the RM when there is one
         tokenizer = tokenizer or actor_path
         hp = self.resolved_ppo()
-        ifaces = PPOInterfaces.of(hp, actor=self._actor_interface())
+        scores = self.scores
+        env = (
+            None
+            if self.env is None
+            else {"env": self.env, "env_kwargs": dict(self.env_kwargs), "env_timeout": self.env_timeout}
+        )
+        ifaces = PPOInterfaces.of(hp, actor=self._actor_interface(), env=env, scores=scores)
         actor = dataclasses.replace(self.actor, path=actor_path)
         ref = dataclasses.replace(self.ref, path=ref_path)
         critic = dataclasses.replace(self.critic, path=critic_path)
@@ -349,7 +403,8 @@ class PPOConfig(CommonExperimentConfig):
                 ref.model(False, tokenizer_path=tokenizer, key="ref"), ref.backend(trainable=False)
             )
         # after the actor's: with no model path at all, the message names actor.path first
-        models["reward"], ifaces.reward = self.reward_spec(tokenizer, rew_path)
+        if "rewards" in scores:
+            models["reward"], ifaces.reward = self.reward_spec(tokenizer, rew_path)
         # the advantage computation holds no weights: the tokenizer only (a text truncate_token)
         models["adv"] = ModelSpec(
             ModelAbstraction("null", {"tokenizer_path": tokenizer} if tokenizer else {}),
@@ -374,14 +429,19 @@ class PPOConfig(CommonExperimentConfig):
         reward_inputs = (
             ("packed_input_ids",) if self.uses_reward_model else ("packed_input_ids", "prompt_mask")
         )
-        nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, hp, ifaces, mb_specs, reward_inputs)
+        nodes = ppo_mfcs(self.dataset.train_bs_n_seqs, hp, ifaces, mb_specs, reward_inputs, scores)
         if self.ref_is_actor_base:
             nodes = reference_on_actor(nodes)
         extra: dict[str, Any] = {}
         if self.dynamic_sampling.enabled:
             nodes.append(self.dynamic_sampling.mfc(self.dataset.train_bs_n_seqs))
             produced = {k for m in nodes for k in m.output_keys}
-            if self.dynamic_sampling.metric not in produced:
+            if self.dynamic_sampling.metric == "rewards" and "rewards" not in produced:
+                # an environment's reward is the only score: groups are compared on it
+                nodes[-1] = DynamicSamplingConfig(
+                    metric="env_rewards", tolerance=self.dynamic_sampling.tolerance
+                ).mfc(self.dataset.train_bs_n_seqs)
+            elif self.dynamic_sampling.metric not in produced:
                 raise ValueError(
                     f"dynamic_sampling.metric={self.dynamic_sampling.metric!r} is written by no call of "
                     f"the graph; choose one of {sorted(produced)}"
@@ -394,15 +454,17 @@ class PPOConfig(CommonExperimentConfig):
         if self.dataset.valid_path:  # held-out rollouts every exp_ctrl.eval_freq_steps and at the end
             evaluation = dict(
                 eval_prompts=self.dataset.abstraction(self.dataset.valid_path),
-                eval_calls=["actor_gen", "rew_inf", "ref_inf"],
+                eval_calls=["actor_gen", *(["rew_inf"] if "rewards" in scores else []), "ref_inf"],
                 eval_mfcs=[
                     mfc(
                         "eval",
                         "adv",
                         ModelInterfaceType.INFERENCE,
-                        ModelInterfaceAbstraction("ppo_eval", {"ppo": dataclasses.asdict(hp)}),
+                        ModelInterfaceAbstraction(
+                            "ppo_eval", {"ppo": dataclasses.asdict(hp), "scores": list(scores)}
+                        ),
                         self.dataset.train_bs_n_seqs,
-                        ADVANTAGE_INPUTS,
+                        eval_inputs(scores),
                     )
                 ],
                 eval_batch_size=self.eval_prompts,
@@ -418,8 +480,14 @@ class PPOConfig(CommonExperimentConfig):
 
     @property
     def uses_reward_model(self) -> bool:
-        """A trained reward model scores the rollouts (not a reward function or custom interface)."""
-        return self.reward_fn is None
+        """A trained reward model scores the rollouts (not a reward function or custom interface;
+        with an environment, only when ``rew.path`` names one)."""
+        return self.reward_fn is None and (self.env is None or self.rew.path is not None)
+
+    @property
+    def scores(self) -> tuple[str, ...]:
+        """The graph's scores (``ppo_keys.score_keys``): the reward call's, the environment's."""
+        return score_keys(self.reward_fn is not None or self.uses_reward_model, self.env is not None)
 
     @property
     def uses_critic(self) -> bool:

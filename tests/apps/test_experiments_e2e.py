@@ -141,6 +141,7 @@ def assert_same_statistics_as_one_worker(fileroot, run_dir):
     return got
 
 
+@pytest.mark.slow  # the default suite covers tensor-parallel PPO in tests/system/test_ppo_runtime.py
 def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fileroot):
     """The toy PPO with actor and critic split over two workers (loaded split from the SFT and
     reward checkpoints) against the run above on one worker."""
@@ -151,7 +152,12 @@ def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fil
 
 @pytest.mark.parametrize(
     "trial, gen_at, mode",
-    [("per-call", "", "local"), ("per-call-disjoint", "@2", "local"), ("per-call-ray", "", "ray")],
+    [
+        # the disjoint placement covers the shared one's reallocations and more: the shared one is slow-only
+        pytest.param("per-call", "", "local", marks=pytest.mark.slow),
+        ("per-call-disjoint", "@2", "local"),
+        ("per-call-ray", "", "ray"),
+    ],
 )
 def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statistics(
     fileroot, ray_cluster, trial, gen_at, mode

@@ -51,3 +51,50 @@ def test_rl_experiment_on_the_arithmetic_task(fileroot, name):
         assert example["prompt"].endswith("=?")  # decoded text, not token ids
         assert isinstance(example["completion"], str) and example["reward"] in (0.0, 1.0)
     assert summary["samples"] and all("=?" in s["prompt"] for s in summary["samples"])
+
+
+ENV = ["env=examples/envs/retry.py:Retry", "reward_fn=null", "ppo.max_turns=2"]
+
+
+def run_with_env(fileroot, *extra):
+    cfg = build_config("grpo", ["task=arith", f"fileroot={fileroot}", *SHORT, *OVERRIDES, *ENV, *extra])
+    summary = run_quickstart("grpo", cfg)
+    with open(os.path.join(cfg.run_dir, "stats.jsonl")) as f:
+        return cfg, summary, [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def env_run(fileroot):
+    return run_with_env(fileroot, "trial_name=env")
+
+
+def test_grpo_takes_turns_with_an_environment_and_trains_on_whole_trajectories(env_run):
+    """The arithmetic task with an environment that lets a wrong answer try again: the
+    environment's reward alone (no reward call), trajectories of up to two turns, evaluated on
+    held-out prompts, each turn marked in samples.jsonl."""
+    cfg, summary, records = env_run
+    assert cfg.reward_fn is None and "rew_inf" not in {m.name for m in cfg.initial_setup().mfcs}
+    for r in records:
+        assert 1.0 <= r["actor_gen/turns_mean"] <= 2.0 and r["actor_gen/turns_max"] <= 2.0
+        assert r["compute_adv/task_reward"] == pytest.approx(r["actor_gen/env_reward_mean"], abs=1e-6)
+        assert 0.0 <= r["eval/task_reward"] <= 1.0 and r["actor_gen/tokens_per_turn"] > 0
+    with open(os.path.join(cfg.run_dir, "samples.jsonl")) as f:
+        examples = [e for line in f for e in json.loads(line)["samples"]]
+    retried = [e for e in examples if "turns" in e]
+    assert retried, "no trajectory took a second turn"
+    for e in retried:
+        assert [next(iter(t)) for t in e["turns"]] == ["model", "env", "model"]
+        assert e["turns"][1]["env"] == "=?"
+
+
+def test_multi_turn_rollouts_do_not_depend_on_the_tensor_parallel_layout(fileroot, env_run):
+    """Trajectories are sampled keyed by (sample, answer, turn) and a tensor-parallel pair steps its
+    environments once: with the actor split over two workers the run's statistics are the same.
+    (Data-parallel ranks load different prompts; tests/parallel/test_multi_turn_ranks.py checks
+    that FSDP ranks turn in lockstep and sample what one worker samples.)"""
+    *_, base = env_run
+    *_, other = run_with_env(fileroot, 'allocation_mode="actor:d1m2p1,*:d1m1p1"', "trial_name=env-tp")
+    for b, o in zip(base, other, strict=True):
+        for key in ("actor_gen/turns_mean", "actor_gen/env_reward_mean", "compute_adv/response_length"):
+            assert o[key] == pytest.approx(b[key], rel=1e-6), key
+        assert o["actor_train/loss"] == pytest.approx(b["actor_train/loss"], rel=1e-3, abs=1e-5)

@@ -77,6 +77,7 @@ for _name, _kind, _dtype in [
     ("kl_rewards", KeyKind.TOKEN_MINUS_ONE, "float32"),
     ("rewards", KeyKind.SEQUENCE, "float32"),
     ("baseline_rewards", KeyKind.SEQUENCE, "float32"),
+    ("env_rewards", KeyKind.SEQUENCE, "float32"),  # a multi-turn trajectory's summed step rewards
     ("seq_no_eos_mask", KeyKind.SEQUENCE, "bool"),
 ]:
     register_key_spec(_name, _kind, _dtype)

@@ -198,15 +198,20 @@ class GenerationOutput:
     prompt_lens: list[int]  # prompt length per sequence
     logprobs: torch.Tensor  # float [sum (L - 1)]
     no_eos: torch.Tensor  # bool [n_sequences]: the response hit max_new_tokens without EOS
+    # bool [sum L] or None: True on tokens after the prompt that the policy did not sample (a
+    # multi-turn trajectory's observations); None: every token after the prompt is the model's
+    env_mask: torch.Tensor | None = None
 
     def prompt_mask(self) -> torch.Tensor:
-        """bool [sum L]: True on prompt tokens."""
+        """bool [sum L]: True on every token the policy did not sample (the ``prompt_mask`` key):
+        the prompt, and a multi-turn trajectory's observations."""
         import torch  # a generation's output: in a worker, where torch is loaded
 
         parts = [
             torch.arange(L, device=self.sequences.device) < p for L, p in zip(self.seqlens, self.prompt_lens)
         ]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
+        mask = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
+        return mask if self.env_mask is None else mask | self.env_mask.to(mask.device)
 
 
 # ----------------------------------------------------------------------------- the model an interface sees

@@ -1,16 +1,26 @@
-"""``prompt_answer``: supervised fine-tuning data, prompt + answer + EOS (DeepSpeed-Chat's phase 1)."""
+"""``prompt_answer``: supervised fine-tuning data, prompt + answer + EOS (DeepSpeed-Chat's phase 1),
+or prompt + a multi-turn trajectory whose tool turns are not trained on."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from realrl.api.core.chat_turns import observation_ids
 from realrl.api.core.data_api import DatasetUtility, register_dataset
 from realrl.impl.dataset.base import SampleListDataset, Skip, owned_rows
 from realrl.impl.dataset.errors import DataError, get_field
 from realrl.impl.dataset.samples import sft_sample
 from realrl.impl.dataset.sources import DataSource
-from realrl.impl.dataset.tokenize import BatchTokenizer, eos_token_id, is_conversational, to_ids
+from realrl.impl.dataset.tokenize import (
+    BatchTokenizer,
+    check_messages,
+    eos_token_id,
+    is_conversational,
+    to_ids,
+)
+
+TURN_ROLES = ("assistant", "tool", "user")  # a trajectory's turns (without a chat template)
 
 
 class PromptAnswerDataset(SampleListDataset):
@@ -18,10 +28,20 @@ class PromptAnswerDataset(SampleListDataset):
 
     Prompt and answer are tokenized separately and concatenated, so ``prompt_mask`` marks exactly
     the prompt's tokens. A text answer gets EOS appended unless it already ends with it; a chat
-    answer (messages) is the chat template's continuation of the prompt. The loss is on the answer
-    only by default; ``loss_on_prompt=True`` puts it on every token, as DeepSpeed-Chat's phase 1
-    (``prompt_mask`` then is all zeros). Sequences over ``max_length`` are left out and counted,
-    or cut to ``max_length`` tokens with ``truncate=True``.
+    answer (messages) is the chat template's continuation of the prompt.
+
+    With a tokenizer that has no chat template, an answer of messages is a multi-turn trajectory
+    (``{"role": "assistant" | "tool" | "user", "content": text}`` turns, after a text prompt): each
+    assistant turn is its text's tokens + EOS, trained on; each tool or user turn is
+    ``chat_turns.observation_ids`` of its text, marked like the prompt (no loss). These are the
+    tokens a multi-turn rollout (``multi_turn.roll_out``) gives the same trajectory, so a policy
+    fine-tuned on a teacher's trajectories sees observations as it will during RL, and never learns
+    to write them.
+
+    The loss is on the answer only by default; ``loss_on_prompt=True`` puts it on the prompt too, as
+    DeepSpeed-Chat's phase 1 (``prompt_mask`` then is 0 on the prompt; a trajectory's tool turns
+    stay masked: the model never writes them). Sequences over ``max_length`` are left out and
+    counted, or cut to ``max_length`` tokens with ``truncate=True``.
     """
 
     def __init__(
@@ -40,6 +60,7 @@ class PromptAnswerDataset(SampleListDataset):
     ):
         tok = BatchTokenizer(util.tokenizer)
         eos = eos_token_id(util.tokenizer)
+        turns_without_template = getattr(util.tokenizer, "chat_template", None) is None
 
         def texts(row):
             prompt, answer = row.get(prompt_key), row.get(answer_key)
@@ -47,12 +68,17 @@ class PromptAnswerDataset(SampleListDataset):
                 yield prompt, True
             if isinstance(answer, str):
                 yield answer, False
+            elif turns_without_template and is_conversational(answer):
+                yield from ((m["content"], False) for m in answer if _is_assistant_text(m))
 
         def build(row, where, id_, meta, dropped):
             prompt = get_field(row, prompt_key, (str, list), where)
             answer = get_field(row, answer_key, (str, list), where)
             prompt_ids = to_ids(tok, prompt, prompt_key, where, add_generation_prompt=True)
-            if is_conversational(answer):
+            answer_mask = None  # 1 on the answer's tokens that are not trained on
+            if turns_without_template and is_conversational(answer):
+                answer_ids, answer_mask = trajectory_ids(tok, answer, eos, answer_key, where)
+            elif is_conversational(answer):
                 if not is_conversational(prompt):
                     raise DataError(
                         f"{where}: field {answer_key!r} is chat messages but {prompt_key!r} is not"
@@ -78,10 +104,43 @@ class PromptAnswerDataset(SampleListDataset):
                 if len(prompt_ids) >= max_length:
                     raise Skip(f"prompt alone fills max_length={max_length}")
                 answer_ids = answer_ids[: max_length - len(prompt_ids)]
-            return sft_sample(id_, prompt_ids, answer_ids, loss_on_prompt, meta)
+                answer_mask = None if answer_mask is None else answer_mask[: len(answer_ids)]
+            return sft_sample(id_, prompt_ids, answer_ids, loss_on_prompt, meta, answer_mask)
 
         rows = owned_rows("prompt_answer", util, dataset_path, dataset_builder, split, id_key)
         super().__init__("prompt_answer", util, rows, metadata_keys, build, tok, texts)
+
+
+def _is_assistant_text(message: object) -> bool:
+    return isinstance(message, dict) and message.get("role") == "assistant" and isinstance(message.get("content"), str)
+
+
+def trajectory_ids(
+    tok: BatchTokenizer, turns: list[dict], eos: int, name: str, where: str
+) -> tuple[list[int], list[bool]]:
+    """A multi-turn answer's token ids, and True on the tokens not trained on (tool and user
+    turns), for a tokenizer without a chat template (see ``PromptAnswerDataset``)."""
+    check_messages(turns, name, where)
+    ids: list[int] = []
+    mask: list[bool] = []
+    for j, m in enumerate(turns):
+        role, content = m["role"], m["content"]
+        if role not in TURN_ROLES:
+            raise DataError(
+                f"{where}: field {name!r}[{j}] has role {role!r}; a multi-turn answer's turns are "
+                f"{' / '.join(TURN_ROLES)} (this tokenizer has no chat template)"
+            )
+        if not isinstance(content, str):
+            raise DataError(f"{where}: field {name!r}[{j}] content must be text, got {type(content).__name__}")
+        if role == "assistant":
+            turn = tok(content, add_special_tokens=False) + [eos]
+        else:
+            turn = observation_ids(tok.tokenizer, content, role)
+        ids += turn
+        mask += [role != "assistant"] * len(turn)
+    if all(mask):
+        raise DataError(f"{where}: field {name!r} has no assistant turn: nothing to train on")
+    return ids, mask
 
 
 register_dataset("prompt_answer", PromptAnswerDataset)

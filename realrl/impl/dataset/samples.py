@@ -31,12 +31,18 @@ def sft_sample(
     answer_ids: Sequence[int],
     loss_on_prompt: bool = False,
     metadata: dict[str, Any] | None = None,
+    answer_mask: Sequence[bool] | None = None,
 ) -> SequenceSample:
-    """``packed_input_ids`` = prompt + answer; ``prompt_mask`` is 1 on the prompt, or all 0 when the
-    loss covers every token (DeepSpeed-Chat's phase 1)."""
+    """``packed_input_ids`` = prompt + answer; ``prompt_mask`` is 1 on the prompt, or 0 there when
+    the loss covers the prompt too (DeepSpeed-Chat's phase 1). ``answer_mask`` (one per answer
+    token): 1 on answer tokens not trained on either, such as a trajectory's tool turns."""
     ids = list(prompt_ids) + list(answer_ids)
     n_prompt = 0 if loss_on_prompt else len(prompt_ids)
     mask = torch.from_numpy(np.arange(len(ids)) < n_prompt)
+    if answer_mask is not None:
+        if len(answer_mask) != len(answer_ids):
+            raise ValueError(f"sample {id_!r}: {len(answer_mask)} answer mask entries for {len(answer_ids)} tokens")
+        mask[len(prompt_ids) :] = torch.from_numpy(np.array(answer_mask, dtype=bool))
     return SequenceSample.from_default(
         ids=[id_],
         seqlens=[len(ids)],

@@ -28,10 +28,13 @@ from realrl.impl.interface.common import (
     logprob_index,
     mean_stats,
     packed_logprobs,
+    per_sequence_sample,
     require_keys,
     save_model,
     token_minus_one_sample,
 )
+from realrl.impl.interface.env_rollout import EnvOptions, env_generate
+from realrl.impl.interface.multi_turn import TurnBudget
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
 from realrl.impl.interface.ppo_keys import BEHAV_VERSION, actor_train_keys
 from realrl.impl.interface.ppo_rollout import (
@@ -94,9 +97,28 @@ class PPOActorInterface(ModelInterface):
     preset: str | None = None
     recompute_logprobs: bool = False  # re-run the actor after generation for the old log-probs
     token_normalize_scope: str = "global"
+    # multi-turn rollouts: the environment (a registered name, module:Class or file.py:Class),
+    # its constructor's keyword arguments and the seconds one step may take (env_rollout.py)
+    env: str | None = None
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    env_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
+        if self.env is None and self.hp.max_turns > 1:
+            raise ValueError(
+                f"ppo.max_turns={self.hp.max_turns} needs env=<an environment>: it takes turns with one"
+            )
+        self.env_options = (
+            None
+            if self.env is None
+            else EnvOptions(
+                self.env,
+                dict(self.env_kwargs),
+                self.env_timeout,
+                TurnBudget(self.hp.max_turns, self.hp.gen.max_new_tokens, self.hp.max_total_tokens),
+            )
+        )
 
     @property
     def hp(self) -> PPOHyperparameters:
@@ -116,13 +138,29 @@ class PPOActorInterface(ModelInterface):
         ``seq_no_eos_mask`` (``gen.n`` answers per prompt, held by the prompt's sample)."""
         require_keys(data, ("packed_prompts",), "ppo_actor.generate")
         mb_spec = mb_spec or MicroBatchSpec()
+        if self.env_options is not None:
+            return self._generate_with_env(model, data, mb_spec)
         gen = model.module.generate(data, mb_spec, model.tokenizer, self.hp.gen)
         versions = torch.full((len(gen.seqlens),), model.version.global_step, dtype=torch.long)
         return self.rollout(model, data, gen, mb_spec, versions)
 
+    def _generate_with_env(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec):
+        """Multi-turn trajectories (``env_rollout``): the rollout keys, ``env_rewards`` (each
+        trajectory's summed step rewards) and the turns' statistics."""
+        gen, env_rewards, stats = env_generate(model, data, mb_spec, self.hp.gen, self.env_options)
+        versions = torch.full((len(gen.seqlens),), model.version.global_step, dtype=torch.long)
+        out = self.rollout(model, data, gen, mb_spec, versions)
+        out.update_(per_sequence_sample(out, "env_rewards", env_rewards.to(out.data[INPUT_KEY].device)))
+        return out, stats
+
     def start_rollout(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         """``generate`` in pieces (partial rollouts): ``PPORollout``."""
         require_keys(data, ("packed_prompts",), "ppo_actor.start_rollout")
+        if self.env_options is not None:
+            raise ValueError(
+                "async_rl.partial_rollout cannot interrupt multi-turn rollouts (env=...): a turn waits on "
+                "its environment; use asynchronous RL without partial rollouts"
+            )
         return PPORollout(self, model, data, mb_spec or MicroBatchSpec())
 
     def rollout(

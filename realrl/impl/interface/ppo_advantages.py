@@ -28,14 +28,15 @@ from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import SAMPLES_KEY, Model, ModelInterface, register_interface
 from realrl.impl.interface.common import INPUT_KEY, require_keys, token_minus_one_sample, token_sample
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
-from realrl.impl.interface.ppo_keys import ADVANTAGE_INPUTS, advantage_inputs
+from realrl.impl.interface.ppo_keys import advantage_inputs, eval_inputs
 from realrl.impl.interface.ppo_rollout import (
     overlong_penalties,
     resolve_token_id,
     rollout_kl,
     shape_scores,
+    task_rewards,
 )
-from realrl.impl.interface.texts import prompts_and_completions
+from realrl.impl.interface.texts import prompts_and_completions, turn_texts
 from realrl.impl.model.utils import ppo_functional as F
 from realrl.impl.model.utils.advantages import AdvantageInputs
 
@@ -50,6 +51,7 @@ def make_kl_controller(hp: PPOHyperparameters) -> F.FixedKLController | F.Adapti
 class AdvantageInterface(ModelInterface):
     ppo: PPOHyperparameters | dict[str, Any] | None = None
     preset: str | None = None
+    scores: tuple[str, ...] = ("rewards",)  # the graph's scores, summed (ppo_keys.score_keys)
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
@@ -66,7 +68,7 @@ class AdvantageInterface(ModelInterface):
 
     def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         hp = self.hp
-        require_keys(data, advantage_inputs(hp), "ppo_advantages.inference")
+        require_keys(data, advantage_inputs(hp, tuple(self.scores)), "ppo_advantages.inference")
         truncate_id = resolve_token_id(model.tokenizer, hp.truncate_token, "truncate_token")
         ids = data.data[INPUT_KEY]
         cu = data.cu_seqlens(INPUT_KEY).to(ids.device)
@@ -166,12 +168,13 @@ class RolloutEvalInterface(ModelInterface):
 
     ppo: PPOHyperparameters | dict[str, Any] | None = None
     preset: str | None = None
+    scores: tuple[str, ...] = ("rewards",)
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
 
     def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
-        require_keys(data, ADVANTAGE_INPUTS, "ppo_eval.inference")
+        require_keys(data, eval_inputs(tuple(self.scores)), "ppo_eval.inference")
         truncate_id = resolve_token_id(model.tokenizer, self.ppo.truncate_token, "truncate_token")
         _, stats = shape_scores(self.ppo, data, truncate_id)
         cu = data.cu_seqlens(INPUT_KEY)
@@ -186,11 +189,15 @@ def _examples(data: SequenceSample, tokenizer: Any, score: torch.Tensor, n_promp
     """The first ``n_prompts`` prompts' answers, decoded, with their reward and shaped score."""
     head = SequenceSample.gather(data.unpack()[:n_prompts])
     _, prompts, completions = prompts_and_completions(head, tokenizer)
-    rewards = head.data["rewards"].float().tolist()
-    return [
+    rewards = task_rewards(head).tolist()
+    rows = [
         {"prompt": p, "completion": c, "reward": round(r, 4), "score": round(float(s), 4)}
         for p, c, r, s in zip(prompts, completions, rewards, score[: len(rewards)].tolist())
     ]
+    for row, turns in zip(rows, turn_texts(head, tokenizer)):
+        if any("env" in t for t in turns):  # a multi-turn trajectory: each turn marked
+            row["turns"] = turns
+    return rows
 
 
 def _group_sizes(data: SequenceSample) -> list[int]:

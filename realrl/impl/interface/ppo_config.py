@@ -48,6 +48,11 @@ class PPOHyperparameters:
     top_p: float | None = None
     top_k: int | None = None
     temperature_scale_logprobs: bool = True
+    # multi-turn rollouts with an environment (the experiment's ``env``): at most max_turns model
+    # turns per trajectory, each up to gen.max_new_tokens; max_total_tokens bounds everything after
+    # the prompt (the model's turns and the observations); None: only the turns bound it
+    max_turns: int = 1
+    max_total_tokens: int | None = None
 
     # rejection sampling (PPO detail 5): truncate at the first truncate_token at response
     # position >= truncate_after; a response without one gets score = truncate_penalty
@@ -130,6 +135,8 @@ class PPOHyperparameters:
             (self.kl_estimator in ("k1", "k2", "k3"), "kl_estimator must be 'k1', 'k2' or 'k3'"),
             (self.whiten_scope in ("batch", "minibatch"), "whiten_scope must be 'batch' or 'minibatch'"),
             (self.ppo_n_epochs >= 1, "ppo_n_epochs must be >= 1"),
+            (self.max_turns >= 1, "max_turns must be >= 1"),
+            (self.max_total_tokens is None or self.max_total_tokens >= 1, "max_total_tokens must be >= 1"),
             (self.ppo_n_minibatches >= 1, "ppo_n_minibatches must be >= 1"),
             (0 < self.eps_clip, "eps_clip must be > 0"),
             (

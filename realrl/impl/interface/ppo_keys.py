@@ -10,6 +10,9 @@ from realrl.impl.interface.ppo_config import PPOHyperparameters
 
 # what generation writes
 ROLLOUT_KEYS = ("packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eos_mask")
+# the scores an answer can have, summed into its reward: the reward call's (a reward model or
+# function) and, in multi-turn rollouts, its environment's step rewards, written by generation
+SCORE_KEYS = ("rewards", "env_rewards")
 # what the advantage computation reads besides the critic's values (and ReMax's baseline)
 ADVANTAGE_INPUTS = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards")
 # what the actor's update reads: old and reference log-probs, and the advantages
@@ -27,8 +30,21 @@ CRITIC_TRAIN_KEYS = ("packed_input_ids", "old_values", "returns", "ppo_loss_mask
 BEHAV_VERSION = "behav_version"
 
 
-def rollout_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
-    return ROLLOUT_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ())
+def score_keys(reward_call: bool, env: bool) -> tuple[str, ...]:
+    """The scores a PPO-family graph has: the reward call's and the environment's, or both."""
+    keys = (("rewards",) if reward_call else ()) + (("env_rewards",) if env else ())
+    if not keys:
+        raise ValueError("a PPO-family graph needs a reward: a reward model, reward_fn=... or env=...")
+    return keys
+
+
+def rollout_keys(hp: PPOHyperparameters, env: bool = False) -> tuple[str, ...]:
+    return ROLLOUT_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ()) + (("env_rewards",) if env else ())
+
+
+def eval_inputs(scores: tuple[str, ...] = ("rewards",)) -> tuple[str, ...]:
+    """What the evaluation of held-out rollouts reads."""
+    return ROLLOUT_KEYS + ("packed_ref_logprobs",) + tuple(scores)
 
 
 def actor_train_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
@@ -41,6 +57,6 @@ def advantage_outputs(hp: PPOHyperparameters) -> tuple[str, ...]:
     return base + (("returns", "old_values") if hp.uses_critic else ())
 
 
-def advantage_inputs(hp: PPOHyperparameters) -> tuple[str, ...]:
+def advantage_inputs(hp: PPOHyperparameters, scores: tuple[str, ...] = ("rewards",)) -> tuple[str, ...]:
     extra = ("values",) if hp.uses_critic else ()
-    return ADVANTAGE_INPUTS + extra + (("baseline_rewards",) if hp.estimator.needs_baseline else ())
+    return eval_inputs(scores) + extra + (("baseline_rewards",) if hp.estimator.needs_baseline else ())

@@ -17,7 +17,7 @@ from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import GenerationOutput
 from realrl.impl.interface.common import INPUT_KEY, per_sequence_sample
 from realrl.impl.interface.ppo_config import PPOHyperparameters
-from realrl.impl.interface.ppo_keys import BEHAV_VERSION, ROLLOUT_KEYS
+from realrl.impl.interface.ppo_keys import BEHAV_VERSION, ROLLOUT_KEYS, SCORE_KEYS
 from realrl.impl.model.utils import ppo_functional as F
 
 
@@ -57,18 +57,21 @@ def resolve_token_id(tokenizer: Any, token: int | str | None, what: str) -> int 
 def truncate_generation(gen: GenerationOutput, token_id: int, after: int) -> GenerationOutput:
     """PPO detail 5, "token truncation": cut each response just after the first
     ``token_id`` at response position >= ``after``; a cut response counts as ended (no_eos 0)."""
-    seqs, lps, lens, no_eos = [], [], [], gen.no_eos.clone()
+    seqs, lps, envs, lens, no_eos = [], [], [], [], gen.no_eos.clone()
+    env_mask = gen.env_mask if gen.env_mask is not None else torch.zeros_like(gen.sequences, dtype=torch.bool)
     off_t = off_l = 0
     for i, (L, p) in enumerate(zip(gen.seqlens, gen.prompt_lens)):
         s, lp = gen.sequences[off_t : off_t + L], gen.logprobs[off_l : off_l + L - 1]
+        env = env_mask[off_t : off_t + L]
         off_t, off_l = off_t + L, off_l + L - 1
-        hits = (s[p + after :] == token_id).nonzero()
+        hits = ((s[p + after :] == token_id) & ~env[p + after :]).nonzero()  # the model's tokens only
         if hits.numel():
             L = p + after + int(hits[0, 0]) + 1
-            s, lp = s[:L], lp[: L - 1]
+            s, lp, env = s[:L], lp[: L - 1], env[:L]
             no_eos[i] = False
         seqs.append(s)
         lps.append(lp)
+        envs.append(env)
         lens.append(L)
     return GenerationOutput(
         sequences=torch.cat(seqs),
@@ -76,6 +79,7 @@ def truncate_generation(gen: GenerationOutput, token_id: int, after: int) -> Gen
         prompt_lens=list(gen.prompt_lens),
         logprobs=torch.cat(lps),
         no_eos=no_eos,
+        env_mask=torch.cat(envs) if gen.env_mask is not None else None,
     )
 
 
@@ -128,10 +132,11 @@ def _responses_missing_truncation(data: SequenceSample, token_id: int, after: in
 def shape_scores(
     hp: PPOHyperparameters, data: SequenceSample, truncate_id: int | None
 ) -> tuple[torch.Tensor, dict]:
-    """The per-sequence score PPO optimises, from ``rewards``:
-    scale and bias -> truncation penalty (PPO detail 5: score := penalty) -> missing-EOS penalty
-    (score -= p) or zeroing -> clipping into [-max_reward_clip, max_reward_clip]."""
-    raw = data.data["rewards"].float()
+    """The per-sequence score PPO optimises, from the task's reward (``rewards``, plus a
+    multi-turn trajectory's ``env_rewards``): scale and bias -> truncation penalty (PPO detail 5:
+    score := penalty) -> missing-EOS penalty (score -= p) or zeroing -> clipping into
+    [-max_reward_clip, max_reward_clip]."""
+    raw = task_rewards(data)
     no_eos = data.data["seq_no_eos_mask"].bool()
     score = raw * hp.reward_output_scaling + hp.reward_output_bias
     stats: dict[str, float] = {"task_reward": float(raw.mean()), "no_eos_frac": float(no_eos.float().mean())}
@@ -146,6 +151,14 @@ def shape_scores(
     score = F.clip_rewards(score, hp.max_reward_clip)
     stats["score"] = float(score.mean())
     return score, stats
+
+
+def task_rewards(data: SequenceSample) -> torch.Tensor:
+    """Each answer's reward: the sum of the scores it has (``SCORE_KEYS``)."""
+    present = [data.data[k].float() for k in SCORE_KEYS if k in data.keys and data.data[k] is not None]
+    if not present:
+        raise ValueError(f"the batch has no score: none of {SCORE_KEYS} (has {sorted(data.keys)})")
+    return torch.stack(present).sum(0)
 
 
 def rollout_kl(data: SequenceSample) -> tuple[float, int]:

@@ -10,13 +10,15 @@ from realrl.impl.interface.common import INPUT_KEY, sequence_ids
 
 
 def prompt_lengths(data: SequenceSample) -> list[int]:
-    """Prompt length of every sequence: from ``prompt_mask``, else from ``packed_prompts``
-    (one prompt per sample, shared by its answers)."""
+    """Prompt length of every sequence: the leading run of ``prompt_mask`` (a multi-turn
+    trajectory's observations, later, are masked too but belong to the completion), else from
+    ``packed_prompts`` (one prompt per sample, shared by its answers)."""
     lens = data.flat_seqlens(INPUT_KEY)
     if "prompt_mask" in data.keys and data.data["prompt_mask"] is not None:
         mask, out, off = data.data["prompt_mask"].long().tolist(), [], 0
         for n in lens:
-            out.append(sum(mask[off : off + n]))
+            row = mask[off : off + n]
+            out.append(row.index(0) if 0 in row else n)
             off += n
         return out
     if "packed_prompts" in data.keys and data.data["packed_prompts"] is not None:
@@ -46,3 +48,22 @@ def prompts_and_completions(
     prompts = tokenizer.batch_decode(prompt_ids, skip_special_tokens=skip_special_tokens)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=skip_special_tokens)
     return sequence_ids(data), prompts, completions
+
+
+def turn_texts(data: SequenceSample, tokenizer: Any) -> list[list[dict[str, str]]]:
+    """Each sequence's response cut into its turns, in order: ``{"model": text}`` for a run of the
+    policy's tokens, ``{"env": text}`` for a run it did not sample (a multi-turn trajectory's
+    observations; ``prompt_mask`` marks them). A single-turn answer is one ``model`` turn."""
+    ids, mask = data.data[INPUT_KEY].tolist(), data.data["prompt_mask"].long().tolist()
+    out, off = [], 0
+    for n, p in zip(data.flat_seqlens(INPUT_KEY), prompt_lengths(data)):
+        runs: list[tuple[str, list[int]]] = []
+        for tok, m in zip(ids[off + p : off + n], mask[off + p : off + n]):
+            role = "env" if m else "model"
+            if runs and runs[-1][0] == role:
+                runs[-1][1].append(tok)
+            else:
+                runs.append((role, [tok]))
+        out.append([{role: tokenizer.decode(toks, skip_special_tokens=False)} for role, toks in runs])
+        off += n
+    return out

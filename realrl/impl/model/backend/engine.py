@@ -309,6 +309,13 @@ class InferenceEngine:
                 )
         return GenerationSession(decodings, self.generating)
 
+    def join_generation(self) -> None:
+        """Take part in another data-parallel rank's generate call with nothing to generate (a
+        multi-turn rollout whose trajectories here are done): under FSDP that call gathers and
+        frees the weights collectively, so this rank gathers and frees them too."""
+        with self.generating():
+            pass
+
     def _key_kwargs(self, base: int | None, mb: SequenceSample) -> dict[str, Any]:
         return {} if base is None else {"prompt_keys": prompt_keys(base, mb).to(self.device)}
 

@@ -169,7 +169,8 @@ def gae_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     r_t <- whiten(r_t) without the mean shift (if ``reward_whiten``; "The N Implementation
     Details of RLHF with PPO", per-minibatch reward whitening), then
         delta_t = r_t + gamma V_{t+1} - V_t,   A_t = delta_t + gamma lam A_{t+1},   R_t = A_t + V_t
-    (``ppo_functional.packed_gae``; the last V_{t+1} is bootstrap * V_last). Unlike verl's
+    (``ppo_functional.packed_gae``; the last V_{t+1} is bootstrap * V_last; the tokens off the
+    loss mask, such as observations between a trajectory's turns, are skipped). Unlike verl's
     ``compute_gae_advantage_return`` the advantages are not whitened here: the caller's
     advantage normalisation does that.
     """
@@ -187,6 +188,7 @@ def gae_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
         inp.bootstrap.float().to(rewards.device),
         inp.discount,
         inp.gae_lambda,
+        mask=inp.loss_mask,  # a multi-turn trajectory's observations are skipped, not steps
     )
     return advantages * lay.mask, returns * lay.mask
 

@@ -165,6 +165,7 @@ def packed_gae(
     bootstrap: torch.Tensor,
     gamma: float,
     lam: float,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over packed sequences (PPO detail "discount
     factor = 1" makes gamma = 1 the default elsewhere).
@@ -178,6 +179,13 @@ def packed_gae(
         R_t     = A_t + V_t
     Sequences are padded into a [B, max L - 1] grid so the backward recursion runs over time
     only; padded cells have r = V = 0, so they contribute 0.
+
+    ``mask`` [T - B] (the loss mask): only the model's steps are steps. A step the model did not
+    take (a prompt token, a multi-turn trajectory's observation) is skipped: the recursion carries
+    over it, and V_{t+1} of the model's step before it is the value where the model acts next, after
+    the observation (verl's multi-turn GAE does the same); skipped steps get advantage 0. A
+    response that is one block at the end, as single-turn generation makes it, gets the same
+    advantages either way.
     """
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     n_steps = lens - 1
@@ -200,10 +208,21 @@ def packed_gae(
 
     adv = torch.zeros_like(r)
     running = torch.zeros(bsz, dtype=dt, device=dev)
-    for t in reversed(range(max_steps)):
-        delta = r[:, t] + gamma * v_next[:, t] - v[:, t]
-        running = delta + gamma * lam * running
-        adv[:, t] = running
+    if mask is None:
+        for t in reversed(range(max_steps)):
+            delta = r[:, t] + gamma * v_next[:, t] - v[:, t]
+            running = delta + gamma * lam * running
+            adv[:, t] = running
+    else:
+        acts = torch.zeros(bsz, max_steps, dtype=torch.bool, device=dev)
+        acts[rows, cols] = mask.to(dev).bool()
+        next_value = torch.zeros(bsz, dtype=dt, device=dev)  # V where the model acts next
+        for t in reversed(range(max_steps)):
+            next_value = torch.where(t == last, v_next[:, t], next_value)
+            delta = r[:, t] + gamma * next_value - v[:, t]
+            running = torch.where(acts[:, t], delta + gamma * lam * running, running)
+            adv[:, t] = torch.where(acts[:, t], running, torch.zeros_like(running))
+            next_value = torch.where(acts[:, t], v[:, t], next_value)
     advantages = adv[rows, cols]
     return advantages, advantages + v[rows, cols]
 
