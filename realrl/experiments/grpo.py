@@ -22,9 +22,10 @@ def critic_free_checks(config: PPOConfig) -> None:
             f"{name} trains no critic, but ppo.adv_estimator={config.ppo.adv_estimator!r} needs one "
             "(use the ppo experiment)"
         )
-    if config.reward_fn is None and config.env is None:
+    if config.reward_fn is None and not config.takes_turns:
         raise ValueError(
-            f"{name} needs a reward: reward_fn=<registered name | module:function> or env=<an environment>"
+            f"{name} needs a reward: reward_fn=<registered name | module:function>, env=<an environment> "
+            "or agent=<file.py:run>"
         )
 
 

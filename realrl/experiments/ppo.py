@@ -286,6 +286,10 @@ class PPOConfig(CommonExperimentConfig):
     env: str | None = None
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     env_timeout: float = 60.0
+    # or your existing agent code: "file.py:run" naming async def run(client, prompt, **metadata)
+    # -> reward, where client is an openai.AsyncOpenAI served by the policy (docs/agents.md)
+    agent: str | None = None
+    agent_timeout: float = 600.0  # seconds one agent's whole run may take
 
     CURVES = {
         "reward": ["compute_adv/task_reward", "eval/task_reward"],
@@ -331,9 +335,17 @@ class PPOConfig(CommonExperimentConfig):
                 f"ppo.max_turns={self.ppo.max_turns} takes turns with an environment, and env is not set "
                 "(env=<registered name | module:Class | file.py:Class>)"
             )
-        if self.env_timeout <= 0:
-            raise ValueError(f"env_timeout must be > 0 seconds, got {self.env_timeout}")
-        if self.env is not None and self.async_rl.partial_rollout:
+        if self.env_timeout <= 0 or self.agent_timeout <= 0:
+            raise ValueError(
+                f"env_timeout and agent_timeout must be > 0 seconds, got {self.env_timeout}, {self.agent_timeout}"
+            )
+        if self.env is not None and self.agent is not None:
+            raise ValueError("env and agent both produce the trajectories: set one of them")
+        if self.agent is not None and self.ppo.max_turns > 1:
+            raise ValueError(
+                "ppo.max_turns counts an environment's turns; an agent (agent=...) decides its own"
+            )
+        if self.takes_turns and self.async_rl.partial_rollout:
             raise ValueError(
                 "async_rl.partial_rollout cannot interrupt multi-turn rollouts (env is set): a turn waits "
                 "on its environment; keep async_rl.enabled and set async_rl.partial_rollout=false"
@@ -382,11 +394,11 @@ class PPOConfig(CommonExperimentConfig):
         tokenizer = tokenizer or actor_path
         hp = self.resolved_ppo()
         scores = self.scores
-        env = (
-            None
-            if self.env is None
-            else {"env": self.env, "env_kwargs": dict(self.env_kwargs), "env_timeout": self.env_timeout}
-        )
+        env = None
+        if self.env is not None:
+            env = {"env": self.env, "env_kwargs": dict(self.env_kwargs), "env_timeout": self.env_timeout}
+        if self.agent is not None:
+            env = {"agent": self.agent, "agent_timeout": self.agent_timeout}
         ifaces = PPOInterfaces.of(hp, actor=self._actor_interface(), env=env, scores=scores)
         actor = dataclasses.replace(self.actor, path=actor_path)
         ref = dataclasses.replace(self.ref, path=ref_path)
@@ -482,12 +494,17 @@ class PPOConfig(CommonExperimentConfig):
     def uses_reward_model(self) -> bool:
         """A trained reward model scores the rollouts (not a reward function or custom interface;
         with an environment, only when ``rew.path`` names one)."""
-        return self.reward_fn is None and (self.env is None or self.rew.path is not None)
+        return self.reward_fn is None and (not self.takes_turns or self.rew.path is not None)
+
+    @property
+    def takes_turns(self) -> bool:
+        """Generation runs trajectories with an environment or an agent, which score them."""
+        return self.env is not None or self.agent is not None
 
     @property
     def scores(self) -> tuple[str, ...]:
         """The graph's scores (``ppo_keys.score_keys``): the reward call's, the environment's."""
-        return score_keys(self.reward_fn is not None or self.uses_reward_model, self.env is not None)
+        return score_keys(self.reward_fn is not None or self.uses_reward_model, self.takes_turns)
 
     @property
     def uses_critic(self) -> bool:

@@ -119,7 +119,7 @@ async def tool_agent(client, prompt: str, answer: str) -> float:
 def test_tool_agent_is_one_token_in_token_out_trajectory(tokenizer):
     policy = FakePolicy(tokenizer, tool_script)
     (traj,), stats = run(tokenizer, tool_agent, policy)
-    first, second = (policy.sampled[f"sample-0/0/{k}"] for k in range(2))
+    first, second = (policy.sampled[f"sample-0/{k}"] for k in range(2))
     ctx1, ctx2 = (call[0].context for call in policy.calls)
     # the model's turns are the ids it sampled, not their canonical re-encoding
     assert tokenizer.encode("calc 6*7", add_special_tokens=False) != first.tokens[:-1]
@@ -168,7 +168,7 @@ def test_requests_of_many_agents_are_batched(tokenizer):
     policy = FakePolicy(tokenizer, tool_script)
     trajectories, stats = run(tokenizer, agent, policy, n=4)
     assert [len(c) for c in policy.calls] == [4, 4]
-    assert sorted(r.key for r in policy.calls[0]) == [f"sample-{i}/{i}/0" for i in range(4)]
+    assert sorted(r.key for r in policy.calls[0]) == [f"sample-{i}/0" for i in range(4)]
     assert [t.reward for t in trajectories] == [1.0] * 4
     for i, t in enumerate(trajectories):
         assert f"({i})" in tokenizer.decode(t.tokens[: t.prompt_len])
@@ -216,7 +216,7 @@ def test_bearer_token_is_required_and_the_port_closes(tokenizer):
     run(tokenizer, agent, policy)
     assert (seen["no_token"], seen["wrong_token"], seen["models_no_token"]) == (401, 401, 401)
     assert seen["models"] == ["policy"]
-    sampled = policy.sampled["sample-0/0/0"]
+    sampled = policy.sampled["sample-0/0"]
     assert seen["logprobs"] == [
         (tokenizer.decode([t]), lp) for t, lp in zip(sampled.tokens, sampled.logprobs)
     ]
@@ -311,9 +311,33 @@ def test_max_total_tokens_caps_a_completion_and_refuses_the_next(tokenizer):
     assert [r.max_new_tokens for c in policy.calls for r in c] == [3] and traj.turn_tokens == [3]
 
 
-def test_a_tokenizer_without_chat_template_is_refused(tokenizer):
+def test_a_tokenizer_without_chat_template_renders_the_conversation_as_plain_text(tokenizer):
+    """A toy or base model's tokenizer: messages back to back, each assistant turn ended by EOS,
+    the same tokens a trajectory with an environment has (``chat_turns.PLAIN_CHAT_TEMPLATE``)."""
     from transformers import PreTrainedTokenizerFast
 
     plain = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, eos_token="<|im_end|>")
-    with pytest.raises(ValueError, match="chat template"):
-        run(plain, tool_agent, FakePolicy(plain, tool_script))
+    assert plain.chat_template is None
+
+    def script(policy, r):
+        return "done" if "= 42" in policy.context_text(r) else "calc"
+
+    async def agent(client, prompt: str, answer: str) -> float:
+        messages = [{"role": "user", "content": prompt}]
+        first = await client.chat.completions.create(model="policy", messages=messages)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content}]
+        messages += [{"role": "tool", "content": "= 42"}]
+        await client.chat.completions.create(model="policy", messages=messages)
+        return 1.0
+
+    policy = FakePolicy(plain, script)
+    (traj,), _ = run(plain, agent, policy)
+    eos = plain.eos_token_id
+    prompt = plain.encode("What is six times seven? (0)", add_special_tokens=False)
+    turn1 = policy.char_ids("calc") + [eos]
+    obs = plain.encode("= 42", add_special_tokens=False)
+    turn2 = policy.char_ids("done") + [eos]
+    assert traj.tokens == prompt + turn1 + obs + turn2
+    assert traj.model_mask == [False] * len(prompt) + [True] * len(turn1) + [False] * len(obs) + [True] * len(
+        turn2
+    )

@@ -98,3 +98,21 @@ def test_multi_turn_rollouts_do_not_depend_on_the_tensor_parallel_layout(fileroo
         for key in ("actor_gen/turns_mean", "actor_gen/env_reward_mean", "compute_adv/response_length"):
             assert o[key] == pytest.approx(b[key], rel=1e-6), key
         assert o["actor_train/loss"] == pytest.approx(b["actor_train/loss"], rel=1e-3, abs=1e-5)
+
+
+def test_an_agent_written_for_the_openai_api_trains_through_the_chat_endpoint(fileroot):
+    """examples/agents/retry_agent.py: the same retry task as the environment's, driven by agent
+    code that calls chat.completions; its reward alone, its completions chained into one
+    trajectory of up to two model turns."""
+    agent = ["agent=examples/agents/retry_agent.py:run", "reward_fn=null", "trial_name=agent"]
+    cfg = build_config("grpo", ["task=arith", f"fileroot={fileroot}", *SHORT, *OVERRIDES, *agent])
+    run_quickstart("grpo", cfg)
+    with open(os.path.join(cfg.run_dir, "stats.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    for r in records:
+        assert 1.0 <= r["actor_gen/agent/completions_mean"] <= 2.0
+        assert r["actor_gen/agent/unchained_completions"] == 0.0  # every follow-up extends its chain
+        assert r["compute_adv/task_reward"] == pytest.approx(r["actor_gen/env_reward_mean"], abs=1e-6)
+    with open(os.path.join(cfg.run_dir, "samples.jsonl")) as f:
+        examples = [e for line in f for e in json.loads(line)["samples"]]
+    assert any([next(iter(t)) for t in e.get("turns", [])] == ["model", "env", "model"] for e in examples)

@@ -16,6 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+# how a conversation renders for a tokenizer without a chat template (a toy or base model's): the
+# messages' texts back to back, each assistant turn ended by EOS, no generation prompt; the same
+# tokens a multi-turn trajectory with an environment has, observations as their own text
+PLAIN_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+)
 PROBE_USER = "?"  # the messages the template is rendered around: their content does not matter
 PROBE_ASSISTANT = "!"
 

@@ -41,6 +41,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from realrl.api.core.chat_turns import PLAIN_CHAT_TEMPLATE
 from realrl.base.plugins import load_attribute
 from realrl.impl.agents.endpoint import ChatReply, ChatRequest, EndpointServer, RequestError
 from realrl.impl.interface.trajectory import Trajectory
@@ -58,7 +59,7 @@ class AgentError(RuntimeError):
 class CompletionRequest:
     context: list[int]  # the full token ids the model continues (prompt of this completion)
     max_new_tokens: int
-    key: str  # a stable id of this request: f"{sample_id}/{agent_index}/{completion_index}"
+    key: str  # a stable id of this request: f"{sample_id}/{completion_index}"
 
 
 @dataclasses.dataclass
@@ -158,7 +159,12 @@ class _Session:
         kwargs = {"tools": tools} if tools else {}
         try:
             ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False, **kwargs
+                messages,
+                add_generation_prompt=generation_prompt,
+                tokenize=True,
+                return_dict=False,
+                chat_template=self.tokenizer.chat_template or PLAIN_CHAT_TEMPLATE,
+                **kwargs,
             )
         except Exception as e:  # noqa: BLE001 - templates raise what they like; the agent sees why
             raise RequestError(
@@ -206,7 +212,8 @@ class _Session:
                     f"trajectory's limit of {self.max_total_tokens} tokens (max_total_tokens)"
                 )
             budget = min(budget, left)
-        key = f"{agent.sample_id}/{agent.index}/{agent.issued}"
+        # the sample id and the completion's index only: the same wherever the agent runs
+        key = f"{agent.sample_id}/{agent.issued}"
         agent.issued += 1
         future = asyncio.get_running_loop().create_future()
         pending = _Pending(agent, CompletionRequest(context, budget, key), future)
@@ -417,11 +424,6 @@ def run_agents(
         )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            "the agent endpoint renders chat messages with the tokenizer's chat template, and this tokenizer "
-            "has none: use a chat model's tokenizer (or set tokenizer.chat_template)"
-        )
     _import_openai()
     agents = [
         _Agent(index=i, sample_id=sid, prompt=p, metadata=dict(m))

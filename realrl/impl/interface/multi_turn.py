@@ -27,7 +27,7 @@ from typing import Any
 
 from realrl.api.core.chat_turns import observation_ids
 from realrl.api.core.env_api import EnvStep, step_all
-from realrl.impl.interface.trajectory import Trajectory
+from realrl.impl.interface.trajectory import Trajectory, trajectory_stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ def roll_out(
         for p in prompts
     ]
     active = list(range(len(trajs)))
-    stats = {"turn_seconds": 0.0, "env_seconds": 0.0, "observation_tokens": 0.0, "cut_by_budget": 0.0}
+    stats = {"turn_seconds": 0.0, "env_seconds": 0.0, "cut_by_budget": 0.0}
     turn = 0
     while go_on(len(active)):
         turn += 1
@@ -108,7 +108,6 @@ def roll_out(
             t.tokens += obs
             t.model_mask += [False] * len(obs)
             t.logprobs += [0.0] * len(obs)
-            stats["observation_tokens"] += len(obs)
             still.append(i)
         active = still
     return trajs, _summary(trajs, stats, turn)
@@ -145,14 +144,8 @@ def _turn_text(tokenizer: Any, t: Trajectory) -> str:
 
 def _summary(trajs: list[Trajectory], stats: dict[str, float], turns_run: int) -> dict[str, float]:
     n = max(1, len(trajs))
-    turns = [t.turns for t in trajs]
-    model_tokens = sum(sum(t.turn_tokens) for t in trajs)
     return {
-        "turns_mean": sum(turns) / n,
-        "turns_max": float(max(turns, default=0)),
-        "tokens_per_turn": model_tokens / max(1, sum(turns)),
-        "observation_tokens_mean": stats["observation_tokens"] / n,
-        "env_reward_mean": sum(t.reward for t in trajs) / n,
+        **trajectory_stats(trajs),
         "env_seconds": stats["env_seconds"],
         # the model's share of the call: seconds per turn of the whole batch
         "seconds_per_turn": stats["turn_seconds"] / max(1, turns_run),

@@ -21,6 +21,7 @@ import torch
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import Model, ModelInterface, Rollout, register_interface
 from realrl.base import logging
+from realrl.impl.interface.agent_rollout import AgentOptions, agent_generate
 from realrl.impl.interface.common import (
     INPUT_KEY,
     answer_loss_mask,
@@ -102,6 +103,10 @@ class PPOActorInterface(ModelInterface):
     env: str | None = None
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     env_timeout: float = 60.0
+    # or a user's agent talking to the policy through the chat endpoint (agent_rollout.py): its
+    # async run(client, prompt, **metadata) -> reward, and the seconds one run may take
+    agent: str | None = None
+    agent_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
@@ -117,6 +122,15 @@ class PPOActorInterface(ModelInterface):
                 dict(self.env_kwargs),
                 self.env_timeout,
                 TurnBudget(self.hp.max_turns, self.hp.gen.max_new_tokens, self.hp.max_total_tokens),
+            )
+        )
+        if self.env is not None and self.agent is not None:
+            raise ValueError("env=... and agent=... both produce the trajectories: give one of them")
+        self.agent_options = (
+            None
+            if self.agent is None
+            else AgentOptions(
+                self.agent, self.agent_timeout, self.hp.gen.max_new_tokens, self.hp.max_total_tokens
             )
         )
 
@@ -138,16 +152,20 @@ class PPOActorInterface(ModelInterface):
         ``seq_no_eos_mask`` (``gen.n`` answers per prompt, held by the prompt's sample)."""
         require_keys(data, ("packed_prompts",), "ppo_actor.generate")
         mb_spec = mb_spec or MicroBatchSpec()
-        if self.env_options is not None:
+        if self.env_options is not None or self.agent_options is not None:
             return self._generate_with_env(model, data, mb_spec)
         gen = model.module.generate(data, mb_spec, model.tokenizer, self.hp.gen)
         versions = torch.full((len(gen.seqlens),), model.version.global_step, dtype=torch.long)
         return self.rollout(model, data, gen, mb_spec, versions)
 
     def _generate_with_env(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec):
-        """Multi-turn trajectories (``env_rollout``): the rollout keys, ``env_rewards`` (each
-        trajectory's summed step rewards) and the turns' statistics."""
-        gen, env_rewards, stats = env_generate(model, data, mb_spec, self.hp.gen, self.env_options)
+        """Multi-turn trajectories (``env_rollout``, or ``agent_rollout``): the rollout keys,
+        ``env_rewards`` (each trajectory's summed step rewards, or its agent's reward) and the
+        turns' statistics."""
+        if self.agent_options is not None:
+            gen, env_rewards, stats = agent_generate(model, data, mb_spec, self.hp.gen, self.agent_options)
+        else:
+            gen, env_rewards, stats = env_generate(model, data, mb_spec, self.hp.gen, self.env_options)
         versions = torch.full((len(gen.seqlens),), model.version.global_step, dtype=torch.long)
         out = self.rollout(model, data, gen, mb_spec, versions)
         out.update_(per_sequence_sample(out, "env_rewards", env_rewards.to(out.data[INPUT_KEY].device)))
@@ -156,7 +174,7 @@ class PPOActorInterface(ModelInterface):
     def start_rollout(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         """``generate`` in pieces (partial rollouts): ``PPORollout``."""
         require_keys(data, ("packed_prompts",), "ppo_actor.start_rollout")
-        if self.env_options is not None:
+        if self.env_options is not None or self.agent_options is not None:
             raise ValueError(
                 "async_rl.partial_rollout cannot interrupt multi-turn rollouts (env=...): a turn waits on "
                 "its environment; use asynchronous RL without partial rollouts"

@@ -58,3 +58,18 @@ def pack_trajectories(trajectories: list[Trajectory]) -> GenerationOutput:
         no_eos=torch.tensor([t.no_eos for t in trajectories], dtype=torch.bool),
         env_mask=torch.cat(env),
     )
+
+
+def trajectory_stats(trajectories: list[Trajectory]) -> dict[str, float]:
+    """What a multi-turn generate call reports of its trajectories (``actor_gen/turns_mean``, ...)."""
+    n = max(1, len(trajectories))
+    turns = [t.turns for t in trajectories]
+    model_tokens = sum(sum(t.model_mask) for t in trajectories)
+    after_prompt = sum(len(t.tokens) - t.prompt_len for t in trajectories)
+    return {
+        "turns_mean": sum(turns) / n,
+        "turns_max": float(max(turns, default=0)),
+        "tokens_per_turn": model_tokens / max(1, sum(turns)),
+        "observation_tokens_mean": (after_prompt - model_tokens) / n,
+        "env_reward_mean": sum(t.reward for t in trajectories) / n,
+    }
