@@ -413,3 +413,40 @@ def test_a_worker_crash_is_no_user_error(tmp_path):
     assert "realrl: experiment" in out.stderr and "model_worker/" in out.stderr
     assert "ValueError: boom from the mock interface" in out.stderr  # the worker's traceback, kept
     assert os.path.isdir(cfg.log_dir)
+
+
+BROKEN_ENV = """
+class Broken:
+    def __init__(self, prompt, **metadata):
+        pass
+
+    def step(self, completion):
+        return self.look_up_the_tool(completion)
+
+    def look_up_the_tool(self, completion):
+        raise KeyError("the tool has no entry for " + repr(completion[:0]))
+"""
+
+
+def test_an_environment_that_raises_stops_the_run_with_its_traceback_and_samples(tmp_path, tiny_model):
+    """A user's environment failing in a worker: exit 1 (it is not a configuration error), the
+    message names the environment, the trajectories' sample ids and the user's own frames."""
+    env = tmp_path / "broken_env.py"
+    env.write_text(BROKEN_ENV)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the")))
+    out = cli(
+        "grpo",
+        f"actor.path={tiny_model}",
+        f"dataset.path={prompts}",
+        f"env={env}:Broken",
+        "ppo.max_turns=2",
+        "ppo.gen.max_new_tokens=2",
+        "dataset.train_bs_n_seqs=2",
+        f"fileroot={tmp_path}",
+        "standby_workers=0",
+    )
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "EnvError" in out.stderr and "broken_env.Broken.step raised KeyError" in out.stderr
+    assert "look_up_the_tool" in out.stderr  # the user's frames, not only realrl's
+    assert re.search(r"samples \['[^']+/\d'\]", out.stderr), out.stderr[-3000:]  # the trajectory's sample
