@@ -87,6 +87,7 @@ def test_grpo_takes_turns_with_an_environment_and_trains_on_whole_trajectories(e
         assert e["turns"][1]["env"] == "=?"
 
 
+@pytest.mark.slow  # tests/parallel/test_multi_turn_ranks.py checks the pair's shared steps in the default suite
 def test_multi_turn_rollouts_do_not_depend_on_the_tensor_parallel_layout(fileroot, env_run):
     """Trajectories are sampled keyed by (sample, answer, turn) and a tensor-parallel pair steps its
     environments once: with the actor split over two workers the run's statistics are the same.
