@@ -13,6 +13,8 @@ from realrl.apps.errors import UserError
 from realrl.impl.dataset.sources import DATA_SUFFIXES
 
 HF_CONFIG = "config.json"
+# options naming user code as "file.py:name" (or "module:name", imported only by the workers)
+PLUGIN_KEYS = ("reward_fn", "env", "agent")
 
 
 def check_paths(cfg: Any, task_paths: dict[str, str] | None = None) -> None:
@@ -38,6 +40,8 @@ def check_paths(cfg: Any, task_paths: dict[str, str] | None = None) -> None:
                     check_data_path(f"{key}.{g.name}", path)
         elif f.name == "tokenizer_path" and given(key, value):
             check_tokenizer_folder(key, value)
+        elif f.name in PLUGIN_KEYS and isinstance(value, str) and ":" in value:
+            check_plugin_file(key, value)
         elif f.name == "import_modules":
             for i, module in enumerate(value):
                 if module.endswith(".py") and not os.path.isfile(module):
@@ -69,3 +73,12 @@ def check_tokenizer_folder(key: str, path: str) -> None:
     if not os.path.isdir(path):
         what = "is a file" if os.path.exists(path) else "no such folder"
         raise UserError(f"{key}={path!r}: {what}; expected a Hugging Face tokenizer folder")
+
+
+def check_plugin_file(key: str, spec: str) -> None:
+    """``file.py:name``: the file exists (a ``module:name`` is the workers' to import)."""
+    path, _, name = spec.rpartition(":")
+    if path.endswith(".py") and not os.path.isfile(path):
+        raise UserError(f"{key}={spec!r}: no such file {path!r}")
+    if not name:
+        raise UserError(f"{key}={spec!r}: expected <file.py or module>:<name>")

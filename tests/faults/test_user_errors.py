@@ -154,7 +154,20 @@ def test_fuzzed_options_are_taken_or_refused_by_name(workdir, name, data):
         (["ppo"], "actor.path is required"),
         (["ppo", "actor.path={m}"], "rew.path is required"),
         (["grpo", "reward_fn=toy_sentiment"], "actor.path is required"),
-        (["grpo"], "grpo needs reward_fn="),
+        (["grpo"], "grpo needs a reward: reward_fn="),
+        (["grpo", "actor.path={m}", "env={root}/envs.py:Calc"], "env='{root}/envs.py:Calc': no such file"),
+        (
+            ["grpo", "actor.path={m}", "agent={root}/agent.py:run"],
+            "agent='{root}/agent.py:run': no such file",
+        ),
+        (
+            ["grpo", "actor.path={m}", "reward_fn=toy_sentiment", "ppo.max_turns=3"],
+            "ppo.max_turns=3 takes turns",
+        ),
+        (
+            ["grpo", "actor.path={m}", "env=calc", "agent=a.py:run"],
+            "env and agent both produce the trajectories",
+        ),
         (["gen"], "model.path is required"),
         (["sft", "model.path={root}/nope"], "model.path='{root}/nope': no such folder"),
         (["sft", "model.path={root}/sft.jsonl"], "model.path='{root}/sft.jsonl': is a file"),
