@@ -23,7 +23,9 @@ ROW = {"prompt": "Human: what is the capital of France?", "answer": TURNS}
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """The dataset tests' tokenizer without its chat template."""
-    return load_hf_tokenizer(build_tokenizer(str(tmp_path_factory.mktemp("plain")), with_pad=True, chat=False))
+    return load_hf_tokenizer(
+        build_tokenizer(str(tmp_path_factory.mktemp("plain")), with_pad=True, chat=False)
+    )
 
 
 @pytest.fixture
@@ -73,10 +75,16 @@ def test_truncation_keeps_the_mask_aligned(plain_util, plain):
 @pytest.mark.parametrize(
     "answer, message",
     [
-        ([{"role": "assistant", "content": "a"}, {"role": "system", "content": "b"}], r"'answer'\[1\] has role 'system'"),
+        (
+            [{"role": "assistant", "content": "a"}, {"role": "system", "content": "b"}],
+            r"'answer'\[1\] has role 'system'",
+        ),
         ([{"role": "tool", "content": "b"}], "no assistant turn"),
         ([{"role": "assistant", "content": 3}], r"'answer'\[0\] content must be text"),
-        ([{"role": "assistant", "content": "a"}, {"content": "b"}], r"'answer'\[1\] must be a \{'role', 'content'\}"),
+        (
+            [{"role": "assistant", "content": "a"}, {"content": "b"}],
+            r"'answer'\[1\] must be a \{'role', 'content'\}",
+        ),
     ],
 )
 def test_bad_turns_are_data_errors(plain_util, answer, message):

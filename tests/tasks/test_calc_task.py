@@ -16,6 +16,7 @@ from realrl.impl.dataset.toy.calc import (
     TOKENS,
     CalcTaskConfig,
     Problem,
+    _draw_problems,
     additive,
     build_calc_task,
     calc_model_config,
@@ -58,7 +59,12 @@ def test_same_seed_same_files_other_seed_other_files(task, tmp_path):
         assert filecmp.cmp(task[name], again[name], shallow=False), name
         assert not filecmp.cmp(task[name], other[name], shallow=False), name
     with open(task["manifest"]) as f:
-        assert json.load(f)["counts"] == {"sft_train": 2000, "sft_valid": 200, "rl_train": 400, "rl_valid": 200}
+        assert json.load(f)["counts"] == {
+            "sft_train": 2000,
+            "sft_valid": 200,
+            "rl_train": 400,
+            "rl_valid": 200,
+        }
 
 
 def test_valid_problems_never_in_training_and_answers_are_true(task):
@@ -92,29 +98,46 @@ def test_tokenizer_round_trips_one_token_per_symbol(task, tok):
     assert tok.convert_ids_to_tokens(tok("=err####-12")["input_ids"]) == ["=", "err", "####", "-", "1", "2"]
 
 
-def test_teacher_slips_at_the_configured_rates(task):
-    cfg = CalcTaskConfig(seed=3, **SMALL)
-    skip = prec = n_add = n_prec = 0
+def test_teacher_rows_are_tool_trajectories(task):
+    """Every tool turn is the calculator's answer to the call before it; a row without a call is a
+    +/- problem done in the head; the teacher is right on part of the rows only."""
     for row in rows(task, "sft_train"):
         p = parse_prompt(row["prompt"])
         turns = row["answer"]
         assert [t["role"] for t in turns] == ["assistant", "tool"] * (len(turns) // 2) + ["assistant"]
-        final = parse_answer(turns[-1]["content"])
-        if len(turns) == 1:  # skipped the tool: only on +/- problems, forgetting carries
-            assert additive(p) and final == mental_value(p)
-        calls = [parse_call(t["content"]) for t in turns[:-1:2]]
-        for call, result in zip(calls, turns[1::2]):  # every tool turn is the calculator's answer
-            assert call is not None and result["content"] == f"={evaluate(call[:1] + call[2:], call[1:2])}"
-        n_add += additive(p)
-        skip += len(turns) == 1
-        if precedence_matters(p):
-            n_prec += 1
-            prec += not all(right_calls(p, calls)) and len(turns) > 1
-    assert abs(skip / n_add - cfg.skip_rate) < 0.06
-    assert abs(prec / n_prec - cfg.precedence_slip_rate) < 0.08
+        if len(turns) == 1:
+            assert additive(p) and parse_answer(turns[0]["content"]) == mental_value(p)
+        for call, result in zip(turns[:-1:2], turns[1::2]):
+            a, op, b = parse_call(call["content"])
+            assert result["content"] == f"={evaluate((a, b), (op,))}"
     with open(task["manifest"]) as f:
-        accuracy = json.load(f)["teacher_accuracy"]
-    assert 0.2 < accuracy < 0.6
+        assert 0.2 < json.load(f)["teacher_accuracy"] < 0.6
+
+
+def test_teacher_slips_at_the_configured_rates():
+    cfg = CalcTaskConfig(seed=3, **SMALL)
+    rng = np.random.default_rng(0)
+    problems = _draw_problems(cfg, 3000, rng, set())
+    trajs = [teacher_trajectory(p, cfg, rng) for p in problems]
+    for kind, eligible, rate in (
+        ("skip", additive, cfg.skip_rate),
+        ("precedence", precedence_matters, cfg.precedence_slip_rate),
+    ):
+        hits = [
+            kind in t.slips
+            for p, t in zip(problems, trajs)
+            if eligible(p) and (kind == "skip" or len(t.turns) > 1)
+        ]
+        assert abs(sum(hits) / len(hits) - rate) < 0.05, kind
+    lucky = 0  # right despite a tool slip (two swaps that cancel, a product by 1)
+    for p, t in zip(problems, trajs):
+        calls = [parse_call(m["content"]) for m in t.turns[:-1:2]]
+        if not t.slips:
+            assert t.value == p.value and all(right_calls(p, calls))
+        lucky += t.slips not in ((), ("skip",)) and t.value == p.value
+        if t.slips == ("precedence",):
+            assert not all(right_calls(p, calls))
+    assert lucky < 0.01 * len(problems)
 
 
 def test_teacher_mistakes():
@@ -122,8 +145,10 @@ def test_teacher_mistakes():
     t = teacher_trajectory(Problem((5, 37, 12), ("+", "*")), cfg, np.random.default_rng(0))
     assert [m["content"] for m in t.turns] == ["calc 5+37", "=42", "calc 42*12", "=504", "####540"]
     assert set(t.slips) == {"precedence", "copy"}
-    assert copy_slip(449) == 494 and copy_slip(44) == 44 and copy_slip(1900) == 1900 and copy_slip(-123) == -132
-    assert mental_value(Problem((47, 38, 5), ("+", "+"))) == 80  # 47+38 -> 75 without the carry
+    assert (
+        copy_slip(449) == 494 and copy_slip(44) == 44 and copy_slip(1900) == 1900 and copy_slip(-123) == -132
+    )
+    assert mental_value(Problem((47, 38, 5), ("+", "+"))) == 70  # 47+38 -> 75, +5 -> 70: no carries
     right = CalcTaskConfig(skip_rate=0.0, precedence_slip_rate=0.0, copy_slip_rate=0.0)
     t = teacher_trajectory(Problem((5, 37, 12), ("+", "*")), right, np.random.default_rng(0))
     assert [m["content"] for m in t.turns] == ["calc 37*12", "=444", "calc 5+444", "=449", "####449"]
@@ -166,7 +191,10 @@ def test_sft_rows_are_the_rollout_tokens(task, tok):
     teacher = rows(task, "sft_train")[:64]
     samples = [sft[i] for i in range(len(teacher))]
     assert [s.ids[0] for s in samples] == list(range(len(teacher)))
-    turns = {str(i): [t["content"] for t in row["answer"] if t["role"] == "assistant"] for i, row in enumerate(teacher)}
+    turns = {
+        str(i): [t["content"] for t in row["answer"] if t["role"] == "assistant"]
+        for i, row in enumerate(teacher)
+    }
 
     def replay(contexts, keys, max_new_tokens):
         out = []
@@ -179,12 +207,16 @@ def test_sft_rows_are_the_rollout_tokens(task, tok):
     prompts = [tok(row["prompt"])["input_ids"] for row in teacher]
     truth = [str(parse_prompt(row["prompt"]).value) for row in teacher]
     envs = [CalculatorEnv(row["prompt"], a) for row, a in zip(teacher, truth)]
-    trajs, _ = roll_out(prompts, [str(i) for i in range(len(teacher))], envs, tok, TurnBudget(4, 12, 64), replay, 10.0)
+    trajs, _ = roll_out(
+        prompts, [str(i) for i in range(len(teacher))], envs, tok, TurnBudget(4, 12, 64), replay, 10.0
+    )
     for s, t, row in zip(samples, trajs, teacher):
         assert s.data["packed_input_ids"].tolist() == t.tokens
         mask = s.data["prompt_mask"].tolist()
         assert [not m for m in mask] == t.model_mask  # observations and prompt: no loss
-        assert t.reward == float(parse_answer(row["answer"][-1]["content"]) == parse_prompt(row["prompt"]).value)
+        assert t.reward == float(
+            parse_answer(row["answer"][-1]["content"]) == parse_prompt(row["prompt"]).value
+        )
         assert len(t.tokens) <= calc_model_config()["n_positions"]
 
 
@@ -200,3 +232,16 @@ def test_sft_rows_are_the_rollout_tokens(task, tok):
 def test_config_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CalcTaskConfig(**kwargs)
+
+
+def test_the_task_recipes_set_the_environment_and_turn_budget(tmp_path):
+    from realrl.apps.configs import build_config  # the command line's composition, as a user's run
+
+    cfg = build_config("grpo", [f"fileroot={tmp_path}", "task=calc"])
+    assert cfg.trial_name == "calc-seed1" and cfg.env == "calc" and cfg.reward_fn is None
+    assert cfg.ppo.max_turns == 4 and cfg.ppo.gen.n == 8 and cfg.ppo.gen.max_new_tokens == 12
+    assert cfg.dataset.metadata_keys == ["answer"] and cfg.dataset.path.endswith("rl_train.jsonl")
+    assert cfg.actor.path.endswith(os.path.join("sft", "calc-seed1", "checkpoints", "default", "final"))
+    sft = build_config("sft", [f"fileroot={tmp_path}", "task=calc"])
+    assert sft.dataset.train_path.endswith("sft_train.jsonl")
+    assert sft.dataset.max_seqlen <= calc_model_config()["n_positions"]

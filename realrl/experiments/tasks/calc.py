@@ -20,7 +20,7 @@ MAX_TURNS = 4  # three calls (three operations) and the answer
 MAX_NEW_TOKENS = 12  # per turn: "calc", two four-digit operands, an operator, EOS (and a spare)
 MAX_TOTAL_TOKENS = 64  # after the prompt: a three-operation trajectory is at most ~58
 SFT_PRESET = ONE_THREAD + (
-    "exp_ctrl.total_train_epochs=6",
+    "exp_ctrl.total_train_epochs=4",
     "model.optimizer.lr=1e-3",
     "model.optimizer.lr_scheduler_type=cosine",
     "model.optimizer.warmup_steps_proportion=0.05",
@@ -30,7 +30,7 @@ SFT_PRESET = ONE_THREAD + (
     "dataset.max_seqlen=96",
 )
 RL_PRESET = ONE_THREAD + (
-    "exp_ctrl.total_train_steps=60",
+    "exp_ctrl.total_train_steps=80",
     "dataset.train_bs_n_seqs=32",
     "dataset.max_prompt_len=16",
     "dataset.metadata_keys=[answer]",
@@ -84,6 +84,11 @@ CALC = register_task(
         build=_build,
         paths=calc_paths,
         model_config=calc_model_config,
-        recipes={"sft": sft_recipe(SFT_PRESET), "grpo": RL_RECIPE, "rloo": RL_RECIPE, "reinforce_pp": RL_RECIPE},
+        recipes={
+            "sft": sft_recipe(SFT_PRESET),
+            "grpo": RL_RECIPE,
+            "rloo": RL_RECIPE,
+            "reinforce_pp": RL_RECIPE,
+        },
     )
 )

@@ -60,7 +60,9 @@ def evaluate_tool_use(
     problems (``prompt`` rows with their ``answer``), each with its own ``CalculatorEnv``."""
     policy = load_for_inference(policy_path, tokenizer_path)
     tok = policy.tokenizer
-    batch = load_batch("prompt", {"dataset_path": prompts_path, "metadata_keys": ["answer"]}, tok, n_prompts, seed)
+    batch = load_batch(
+        "prompt", {"dataset_path": prompts_path, "metadata_keys": ["answer"]}, tok, n_prompts, seed
+    )
     prompts = [p.tolist() for p in batch.data["packed_prompts"].split(batch.flat_seqlens("packed_prompts"))]
     texts = tok.batch_decode(prompts, skip_special_tokens=True)
     answers = list(batch.metadata["answer"])

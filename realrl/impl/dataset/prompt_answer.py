@@ -112,7 +112,11 @@ class PromptAnswerDataset(SampleListDataset):
 
 
 def _is_assistant_text(message: object) -> bool:
-    return isinstance(message, dict) and message.get("role") == "assistant" and isinstance(message.get("content"), str)
+    return (
+        isinstance(message, dict)
+        and message.get("role") == "assistant"
+        and isinstance(message.get("content"), str)
+    )
 
 
 def trajectory_ids(
@@ -131,7 +135,9 @@ def trajectory_ids(
                 f"{' / '.join(TURN_ROLES)} (this tokenizer has no chat template)"
             )
         if not isinstance(content, str):
-            raise DataError(f"{where}: field {name!r}[{j}] content must be text, got {type(content).__name__}")
+            raise DataError(
+                f"{where}: field {name!r}[{j}] content must be text, got {type(content).__name__}"
+            )
         if role == "assistant":
             turn = tok(content, add_special_tokens=False) + [eos]
         else:

@@ -41,7 +41,9 @@ def sft_sample(
     mask = torch.from_numpy(np.arange(len(ids)) < n_prompt)
     if answer_mask is not None:
         if len(answer_mask) != len(answer_ids):
-            raise ValueError(f"sample {id_!r}: {len(answer_mask)} answer mask entries for {len(answer_ids)} tokens")
+            raise ValueError(
+                f"sample {id_!r}: {len(answer_mask)} answer mask entries for {len(answer_ids)} tokens"
+            )
         mask[len(prompt_ids) :] = torch.from_numpy(np.array(answer_mask, dtype=bool))
     return SequenceSample.from_default(
         ids=[id_],

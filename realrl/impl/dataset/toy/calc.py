@@ -275,7 +275,9 @@ def _teacher_stats(problems: list[Problem], trajs: list[TeacherTrajectory]) -> d
     return {
         "teacher_accuracy": sum(t.value == p.value for p, t in zip(problems, trajs)) / n,
         "teacher_tool_use": sum(len(t.turns) > 1 for t in trajs) / n,
-        **{f"teacher_{s}_slips": sum(s in t.slips for t in trajs) / n for s in ("skip", "precedence", "copy")},
+        **{
+            f"teacher_{s}_slips": sum(s in t.slips for t in trajs) / n for s in ("skip", "precedence", "copy")
+        },
     }
 
 
