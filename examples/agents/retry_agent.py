@@ -14,7 +14,7 @@ from realrl.impl.rewards.math_answer import math_answer_reward
 
 async def run(client, prompt: str, answer: str, **_) -> float:
     messages = [{"role": "user", "content": prompt}]
-    for attempt in range(2):
+    for _ in range(2):  # the first answer and one retry
         reply = await client.chat.completions.create(model="policy", messages=messages)
         text = reply.choices[0].message.content
         if math_answer_reward([prompt], [text], answer=[answer])[0] > 0:
