@@ -504,7 +504,10 @@ class PPOConfig(CommonExperimentConfig):
     @property
     def scores(self) -> tuple[str, ...]:
         """The graph's scores (``ppo_keys.score_keys``): the reward call's, the environment's."""
-        return score_keys(self.reward_fn is not None or self.uses_reward_model, self.takes_turns)
+        # without an environment or an agent a reward call always scores (a reward model, a
+        # reward function, or a subclass's own reward interface)
+        reward_call = not self.takes_turns or self.reward_fn is not None or self.uses_reward_model
+        return score_keys(reward_call, self.takes_turns)
 
     @property
     def uses_critic(self) -> bool:

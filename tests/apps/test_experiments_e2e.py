@@ -105,6 +105,7 @@ def test_ppo_default_writes_the_toy_summary(fileroot):
     assert {"reward.png", "kl.png", "loss.png"} <= plots, plots  # the README's reward, KL and loss
 
 
+@pytest.mark.slow  # FSDP end to end stays in the default suite with grpo (test_other_experiments_run_two_steps)
 def test_sft_with_fsdp_over_two_workers_evaluates_and_saves_a_whole_model(fileroot):
     cfg, summary = run("sft", fileroot, "allocation_mode=d2", "model.engine.fsdp=true", "trial_name=fsdp")
     assert assert_run_outputs(cfg.run_dir)["steps"] == 2
@@ -156,7 +157,8 @@ def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fil
         # the disjoint placement covers the shared one's reallocations and more: the shared one is slow-only
         pytest.param("per-call", "", "local", marks=pytest.mark.slow),
         ("per-call-disjoint", "@2", "local"),
-        ("per-call-ray", "", "ray"),
+        # Ray against local: tests/system/test_ppo_runtime.py compares them in the default suite
+        pytest.param("per-call-ray", "", "ray", marks=pytest.mark.slow),
     ],
 )
 def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statistics(

@@ -153,6 +153,7 @@ def _search_command(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # the search itself runs in the default suite through benchmarks/bench_search.py's smoke test
 def test_the_search_command_prints_plans_to_paste_best_first(shared_root):
     done = _search_command("sft", f"fileroot={shared_root}", *TINY, "n_nodes=1", "n_gpus_per_node=2")
     assert done.returncode == 0, done.stderr[-3000:]

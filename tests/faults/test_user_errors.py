@@ -126,6 +126,7 @@ unknown_key = st.one_of(
 )
 
 
+@pytest.mark.slow  # 150 generated command lines; the named cases above run in the default suite
 @fuzz(150)
 @given(st.sampled_from(EXPERIMENTS), st.data())
 def test_fuzzed_options_are_taken_or_refused_by_name(workdir, name, data):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import pytest
 import torch
 from _ranks import TIMEOUT, run_ranks
 from model_fixtures import tiny_config
@@ -99,31 +100,37 @@ def rollout(m: Model, data: SequenceSample, env: type, max_turns: int):
     }
 
 
-def fsdp_worker(rank: int, out_dir: str) -> dict:
+def worker(rank: int, out_dir: str) -> dict:
+    """Both checks in one pair of processes (starting them is most of the time)."""
     tok = tokenizer(out_dir)
-    parallel = build_contexts({"m": Placement(Layout(dp=2), (0, 1))}, rank, "cpu", TIMEOUT)["m"]
+    contexts = build_contexts(
+        {"fsdp": Placement(Layout(dp=2), (0, 1)), "tp": Placement(Layout(tp=2), (0, 1))}, rank, "cpu", TIMEOUT
+    )
     # rank 0's prompts finish after one turn, rank 1's take three
     data = prompts(tok, ["w1 w5", "w1 w6"] if rank == 0 else ["w2 w5", "w3"], first_id=10 * rank)
-    sharded = rollout(model(parallel, True, tok), data, TurnsByPrompt, max_turns=4)
-    whole = rollout(model(None, False, tok), data, TurnsByPrompt, max_turns=4)
-    return {"sharded": sharded, "whole": whole}
+    return {
+        "sharded": rollout(model(contexts["fsdp"], True, tok), data, TurnsByPrompt, max_turns=4),
+        "whole": rollout(model(None, False, tok), data, TurnsByPrompt, max_turns=4),
+        "tp": rollout(
+            model(contexts["tp"], False, tok), prompts(tok, ["w2 w5", "w3"], 0), ByProcess, max_turns=3
+        ),
+    }
 
 
-def tp_worker(rank: int, out_dir: str) -> dict:
-    tok = tokenizer(out_dir)
-    parallel = build_contexts({"m": Placement(Layout(tp=2), (0, 1))}, rank, "cpu", TIMEOUT)["m"]
-    return rollout(model(parallel, False, tok), prompts(tok, ["w2 w5", "w3"], 0), ByProcess, max_turns=3)
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("multi_turn_ranks")
+    return run_ranks(worker, out, str(out))
 
 
-def test_fsdp_ranks_turn_in_lockstep_and_sample_what_one_worker_samples(tmp_path):
-    results = run_ranks(fsdp_worker, tmp_path, str(tmp_path))
+def test_fsdp_ranks_turn_in_lockstep_and_sample_what_one_worker_samples(results):
     assert [r["sharded"]["turns_max"] for r in results] == [1.0, 3.0]
     for r in results:
         assert r["sharded"]["ids"] == r["whole"]["ids"] and r["sharded"]["mask"] == r["whole"]["mask"]
         assert r["sharded"]["rewards"] == r["whole"]["rewards"]
 
 
-def test_a_tensor_parallel_pair_holds_the_same_trajectories_whatever_its_environments_say(tmp_path):
-    a, b = run_ranks(tp_worker, tmp_path, str(tmp_path))
+def test_a_tensor_parallel_pair_holds_the_same_trajectories_whatever_its_environments_say(results):
+    a, b = (r["tp"] for r in results)
     assert a["turns_mean"] == 3.0
     assert a["ids"] == b["ids"] and a["mask"] == b["mask"] and a["rewards"] == b["rewards"]
