@@ -77,8 +77,11 @@ def test_active_and_tensor_or_expert_parallel_counts_by_hand():
     )
     with pytest.raises(ValueError, match="3 experts"):
         count_params(ReaLModelConfig(**{**MIXTRAL_LIKE, "n_experts": 3}), tp=2, expert_parallel=True)
-    # pipeline stages: the fullest one, with the embedding and the head
-    assert count_params(cfg, pp=2).total == norms + attn + router + 4 * expert + root
+    # pipeline stages: one block each, the embedding on the first, the final norm and head on the
+    # last (256 + 8 + 256 > 256): the last is the fullest
+    block = norms + attn + router + 4 * expert
+    assert count_params(cfg, pp=2).total == block + 8 + 32 * 8
+    assert count_params(cfg, pp=2).root == 8 + 32 * 8
 
 
 def test_qwen3_30b_a3b_matches_its_published_counts():

@@ -90,23 +90,71 @@ def block_params(
     return base + held, base + active
 
 
-def count_params(cfg: ReaLModelConfig, tp: int = 1, pp: int = 1, expert_parallel: bool = False) -> ParamCount:
-    """One device's parameters under tensor / pipeline / expert parallelism (``expert_parallel``
-    places whole experts on the ``tp`` ranks). Pipeline stages are ``ceil(n_layers / pp)``
-    contiguous blocks; the fullest stage is counted, with the embedding and the head on it (an
-    upper bound). A tied LM head is counted once; a critic's scalar head is ``hidden + 1``."""
+def _ends(cfg: ReaLModelConfig, tp: int, pp: int) -> tuple[int, int]:
+    """(first stage's extra, last stage's extra): the embedding (and learned positions) on the
+    first stage; the final norm and the head on the last. A tied LM head shares the embedding's
+    weight on one stage; over several stages the last holds its own copy."""
     h = cfg.hidden_dim
-    blocks = [block_params(cfg, i, tp, expert_parallel) for i in range(cfg.n_layers)]
-    per_stage = max(1, math.ceil(cfg.n_layers / pp))
-    stages = [blocks[s : s + per_stage] for s in range(0, cfg.n_layers, per_stage)] or [[]]
-    stage = max(stages, key=lambda b: sum(held for held, _ in b))
     vocab = cfg.vocab_size // tp if cfg.vocab_size % tp == 0 else cfg.vocab_size
     embed = vocab * h + cfg.n_positions * h * cfg.abs_position_embedding
-    head = h + 1 if cfg.is_critic else 0 if cfg.tied_embedding else vocab * h
-    root = embed + norm_params(cfg) + head
+    head = h + 1 if cfg.is_critic else vocab * h if (not cfg.tied_embedding or pp > 1) else 0
+    return embed, norm_params(cfg) + head
+
+
+def stage_layers(cfg: ReaLModelConfig, pp: int, tp: int = 1, expert_parallel: bool = False) -> list[range]:
+    """The blocks of each of ``pp`` pipeline stages: contiguous, at least one each, chosen so the
+    fullest stage holds as few parameters as possible, the embedding counted on the first stage
+    and the final norm and head on the last (exact, by dynamic programming over the cut points)."""
+    n = cfg.n_layers
+    if not 1 <= pp <= n:
+        raise ValueError(f"a pipeline of p{pp} stages needs 1 <= p <= the model's {n} layers")
+    held = [block_params(cfg, i, tp, expert_parallel)[0] for i in range(n)]
+    first, last = _ends(cfg, tp, pp)
+    prefix = [0]
+    for x in held:
+        prefix.append(prefix[-1] + x)
+
+    def cost(stage: int, lo: int, hi: int) -> int:
+        return prefix[hi] - prefix[lo] + (first if stage == 0 else 0) + (last if stage == pp - 1 else 0)
+
+    # best[s][i]: the smallest fullest stage when stages 0..s-1 hold blocks 0..i-1; cut: where s-1 starts
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(pp + 1)]
+    cut = [[0] * (n + 1) for _ in range(pp + 1)]
+    best[0][0] = 0
+    for s in range(1, pp + 1):
+        for i in range(s, n - (pp - s) + 1):
+            for j in range(s - 1, i):
+                value = max(best[s - 1][j], cost(s - 1, j, i))
+                if value < best[s][i]:
+                    best[s][i], cut[s][i] = value, j
+    bounds, i = [], n
+    for s in range(pp, 0, -1):
+        bounds.append(range(cut[s][i], i))
+        i = cut[s][i]
+    return bounds[::-1]
+
+
+def count_params(cfg: ReaLModelConfig, tp: int = 1, pp: int = 1, expert_parallel: bool = False) -> ParamCount:
+    """One device's parameters under tensor / pipeline / expert parallelism (``expert_parallel``
+    places whole experts on the ``tp`` ranks). Pipeline stages are ``stage_layers``' balanced
+    split; the fullest stage is counted with what it holds besides its blocks (the embedding on
+    the first, the final norm and head on the last). A tied LM head is counted once on one stage
+    (the last stage of a pipeline holds its own copy); a critic's scalar head is ``hidden + 1``."""
+    blocks = [block_params(cfg, i, tp, expert_parallel) for i in range(cfg.n_layers)]
+    first, last = _ends(cfg, tp, pp)
+    if cfg.n_layers == 0:
+        stages, extras = [range(0)], [first + last]
+    else:
+        stages = stage_layers(cfg, pp, tp, expert_parallel)
+        extras = [
+            (first if s == 0 else 0) + (last if s == len(stages) - 1 else 0) for s in range(len(stages))
+        ]
+    totals = [extra + sum(blocks[i][0] for i in r) for r, extra in zip(stages, extras)]
+    s = max(range(len(stages)), key=totals.__getitem__)
     return ParamCount(
-        total=root + sum(held for held, _ in stage),
-        active=root + sum(active for _, active in stage),
+        total=totals[s],
+        active=extras[s] + sum(blocks[i][1] for i in stages[s]),
         layer=max((held for held, _ in blocks), default=0),
-        root=root,
+        root=extras[s],
     )
