@@ -202,6 +202,7 @@ def test_other_experiments_run_two_steps(fileroot, name, extra):
         assert len(rows) == 16 and all(r["completion"] for r in rows)
 
 
+@pytest.mark.slow  # the default suite runs DAPO's dynamic sampling in benchmarks/bench_algorithms.py's smoke test
 def test_dapo_samples_dynamically_from_the_command_line(fileroot):
     sampling = ["ppo.gen.max_new_tokens=13", "ppo.gen.top_p=1.0", "ppo.gen.n=4", "toy_eval_prompts=32"]
     cfg, _ = run("grpo", fileroot, "ppo_preset=dapo", "experiment_name=dapo", *sampling)
@@ -342,6 +343,7 @@ def test_asynchronous_ppo_at_staleness_zero_is_the_synchronous_run(fileroot):
                 assert g[k] == v, (g["step"], k)
 
 
+@pytest.mark.slow  # the default suite runs asynchronous RL in benchmarks/bench_async.py's smoke test
 def test_asynchronous_ppo_generates_ahead_on_its_own_worker_within_the_bound(fileroot):
     """Generation on a worker of its own runs up to two steps ahead of training: the samples of
     step 3 come from the policy of step 1, never older, and the decoupled objective reweights them."""

@@ -180,6 +180,7 @@ def test_tensor_parallel_ppo_matches_one_worker_local_and_ray(
     assert_close_stats(run_experiment(ray_cfg, "ray"), whole)
 
 
+@pytest.mark.slow  # FSDP in the default suite: tests/parallel/test_fsdp.py and grpo over d2 FSDP end to end
 def test_fsdp_ppo_matches_replicated_data_parallel_and_saves_shards(ppo_files, tmp_path):
     """engine.fsdp=true over two dp ranks gives the replicated engine's statistics; its recover
     points hold every rank's shards."""

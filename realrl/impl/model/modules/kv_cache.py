@@ -24,9 +24,21 @@ if TYPE_CHECKING:
 
 
 class KVCache:
+    """``first_layer``: the model layer the cache's first entry belongs to (a pipeline stage caches
+    its own blocks only: ``n_layers`` entries from ``first_layer`` on)."""
+
     def __init__(
-        self, n_layers: int, batch: int, n_kv_heads: int, capacity: int, head_dim: int, dtype, device
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype,
+        device,
+        first_layer: int = 0,
     ):
+        self.first_layer = first_layer
         shape = (batch, n_kv_heads, capacity, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -44,6 +56,7 @@ class KVCache:
     def rows(self, n: int) -> KVCache:
         """The first ``n`` rows, sharing this cache's memory."""
         view = KVCache.__new__(KVCache)
+        view.first_layer = self.first_layer
         view.k, view.v = [t[:n] for t in self.k], [t[:n] for t in self.v]
         return view
 
@@ -85,6 +98,7 @@ class KVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [N, Hkv, D] into the flat ``slots`` from :meth:`slots`, in the cache's dtype."""
+        layer -= self.first_layer
         if k.dtype != self.k[layer].dtype or v.dtype != self.v[layer].dtype:
             raise ValueError(
                 f"the KV cache holds {self.k[layer].dtype}; layer {layer} wrote keys in {k.dtype} and "
@@ -200,12 +214,13 @@ class DecodeContext:
         """
         check_one_dtype(q, k, v)
         self.cache.write(layer, self._slots, k, v)
+        i = layer - self.cache.first_layer
         if self.impl == "cpu_varlen" and kernels.use_native("decode_attention", q, window=window):
-            return kernels.decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.lens, scale)
+            return kernels.decode_attention(q, self.cache.k[i], self.cache.v[i], self.lens, scale)
         B, hq, d = q.shape
         hkv = k.shape[1]
-        keys = self.cache.k[layer][:, :, : self.max_len]  # [B, Hkv, L, D], a view
-        vals = self.cache.v[layer][:, :, : self.max_len]
+        keys = self.cache.k[i][:, :, : self.max_len]  # [B, Hkv, L, D], a view
+        vals = self.cache.v[i][:, :, : self.max_len]
         out = F.scaled_dot_product_attention(
             q.reshape(B, hkv, hq // hkv, d), keys, vals, attn_mask=self._bias_for(window), scale=scale
         )

@@ -94,16 +94,27 @@ class PipelineStage(nn.Module):
         """``input_ids`` and ``cu_seqlens`` describe the micro-batch (every stage has them);
         ``hidden``: the previous stage's output (None on the first stage)."""
         ctx = self.context(input_ids, cu_seqlens)
-        x = self.embed(input_ids, ctx.positions) if self.spec.first else hidden
+        x = self.blocks(input_ids if self.spec.first else hidden, ctx)
+        if not self.spec.last:
+            return x
+        if output_index is not None:
+            x = x[output_index.to(device=x.device, dtype=torch.long)]
+        return self.outputs(x)
+
+    def blocks(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """The embedding (first stage: ``x`` holds token ids) and this stage's blocks, under an
+        attention context (a packed forward, a prefill or a decoding step)."""
+        if self.spec.first:
+            x = self.embed(x, ctx.positions)
         rope = None
         if self.rotary is not None:
             rope = self.rotary(ctx.positions, ctx.max_position, activation_dtype(x.dtype, x.device))
         for layer in self.layers:
             x = layer(x, rope, ctx, None)
-        if not self.spec.last:
-            return x
-        if output_index is not None:
-            x = x[output_index.to(device=x.device, dtype=torch.long)]
+        return x
+
+    def outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's final norm and head: logits (a critic's values)."""
         out = self.head(self.final_ln(x))
         return out.squeeze(-1) if self.config.is_critic else out
 
