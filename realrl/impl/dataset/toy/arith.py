@@ -27,11 +27,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
 
 import numpy as np
 
+from realrl.impl.dataset.toy.task_files import TaskFiles, build_once, task_paths
 from realrl.impl.dataset.toy.word_tokenizer import BOS, EOS, PAD, UNK, save_word_level_tokenizer
 from realrl.impl.rewards.math_answer import math_answer_reward
 
@@ -187,71 +186,30 @@ def save_arith_tokenizer(folder: str) -> str:
     return save_word_level_tokenizer(folder, TOKENS, split, decoders.Fuse())
 
 
-def _write_jsonl(path: str, rows: list[dict]) -> None:
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-
-
-def arith_paths(out_dir: str) -> dict[str, str]:
-    """Where ``build_arith_task`` puts each file."""
-    return {
-        "tokenizer": os.path.join(out_dir, "tokenizer"),
-        **{
-            f"{phase}_{split}": os.path.join(out_dir, f"{phase}_{split}.jsonl")
-            for phase in ("sft", "rl")
-            for split in ("train", "valid")
-        },
-        "manifest": os.path.join(out_dir, "manifest.json"),
-    }
+arith_paths = task_paths  # where build_arith_task puts each file
 
 
 def build_arith_task(out_dir: str, cfg: ArithTaskConfig | None = None) -> dict[str, str]:
     """Write the task under ``out_dir`` (reused when already built with the same config); the
     same seed gives the same files. Returns ``arith_paths(out_dir)``."""
     cfg = cfg or ArithTaskConfig()
-    paths = arith_paths(out_dir)
-    if os.path.exists(paths["manifest"]):
-        with open(paths["manifest"]) as f:
-            if json.load(f).get("fingerprint") == cfg.fingerprint():
-                return paths
-    tmp_dir = out_dir.rstrip("/") + ".building"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    os.makedirs(tmp_dir)
-    tmp_paths = arith_paths(tmp_dir)
 
-    rng = np.random.default_rng(cfg.seed)
-    pools, valid = _pools(cfg, rng)
-    sft_train, sft_acc = _teacher_rows(_draw(pools, cfg, cfg.n_sft_train, rng), cfg, rng)
-    sft_valid, _ = _teacher_rows(valid, cfg, rng)
-    rl_train = _rl_rows(_draw(pools, cfg, cfg.n_train, rng))
-    rl_valid = _rl_rows(valid)
-    for name, rows in (
-        ("sft_train", sft_train),
-        ("sft_valid", sft_valid),
-        ("rl_train", rl_train),
-        ("rl_valid", rl_valid),
-    ):
-        _write_jsonl(tmp_paths[name], rows)
-    save_arith_tokenizer(tmp_paths["tokenizer"])
-    manifest = {
-        "fingerprint": cfg.fingerprint(),
-        "config": dataclasses.asdict(cfg),
-        "counts": {
-            "sft_train": len(sft_train),
-            "sft_valid": len(sft_valid),
-            "rl_train": len(rl_train),
-            "rl_valid": len(rl_valid),
-        },
-        "teacher_accuracy": sft_acc,
-        "valid_carry_fraction": sum(needs_carry(*p) for p in valid) / len(valid),
-        "max_new_tokens": max_answer_tokens(cfg),
-    }
-    with open(tmp_paths["manifest"], "w") as f:
-        json.dump(manifest, f, indent=2)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp_dir, out_dir)
-    return paths
+    def make() -> TaskFiles:
+        rng = np.random.default_rng(cfg.seed)
+        pools, valid = _pools(cfg, rng)
+        sft_train, sft_acc = _teacher_rows(_draw(pools, cfg, cfg.n_sft_train, rng), cfg, rng)
+        sft_valid, _ = _teacher_rows(valid, cfg, rng)
+        rl_train = _rl_rows(_draw(pools, cfg, cfg.n_train, rng))
+        rl_valid = _rl_rows(valid)
+        rows = {"sft_train": sft_train, "sft_valid": sft_valid, "rl_train": rl_train, "rl_valid": rl_valid}
+        facts = {
+            "teacher_accuracy": sft_acc,
+            "valid_carry_fraction": sum(needs_carry(*p) for p in valid) / len(valid),
+            "max_new_tokens": max_answer_tokens(cfg),
+        }
+        return TaskFiles(rows, save_arith_tokenizer, facts)
+
+    return build_once(out_dir, cfg, make)
 
 
 def max_answer_tokens(cfg: ArithTaskConfig) -> int:

@@ -37,13 +37,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
-import shutil
 
 import numpy as np
 
 from realrl.impl.dataset.toy.arith import teacher_mistake
+from realrl.impl.dataset.toy.task_files import TaskFiles, build_once, task_paths
 from realrl.impl.dataset.toy.word_tokenizer import BOS, EOS, PAD, UNK, save_word_level_tokenizer
 from realrl.impl.envs.calculator import (
     ANSWER_MARKER,
@@ -302,75 +301,34 @@ def save_calc_tokenizer(folder: str) -> str:
     return save_word_level_tokenizer(folder, TOKENS, split, decoder)
 
 
-def _write_jsonl(path: str, rows: list[dict]) -> None:
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-
-
-def calc_paths(out_dir: str) -> dict[str, str]:
-    """Where ``build_calc_task`` puts each file."""
-    return {
-        "tokenizer": os.path.join(out_dir, "tokenizer"),
-        **{
-            f"{phase}_{split}": os.path.join(out_dir, f"{phase}_{split}.jsonl")
-            for phase in ("sft", "rl")
-            for split in ("train", "valid")
-        },
-        "manifest": os.path.join(out_dir, "manifest.json"),
-    }
+calc_paths = task_paths  # where build_calc_task puts each file
 
 
 def build_calc_task(out_dir: str, cfg: CalcTaskConfig | None = None) -> dict[str, str]:
     """Write the task under ``out_dir`` (reused when already built with the same config); the
     same seed gives the same files. Returns ``calc_paths(out_dir)``."""
     cfg = cfg or CalcTaskConfig()
-    paths = calc_paths(out_dir)
-    if os.path.exists(paths["manifest"]):
-        with open(paths["manifest"]) as f:
-            if json.load(f).get("fingerprint") == cfg.fingerprint():
-                return paths
-    tmp_dir = out_dir.rstrip("/") + ".building"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    os.makedirs(tmp_dir)
-    tmp_paths = calc_paths(tmp_dir)
 
-    rng = np.random.default_rng(cfg.seed)
-    valid = _draw_problems(cfg, cfg.n_valid, rng, set())
-    held_out = {p.text() for p in valid}
-    if len(held_out) < len(valid):  # a repeated validation problem: keep one of each
-        valid = list({p.text(): p for p in valid}.values())
-    sft_problems = _draw_problems(cfg, cfg.n_sft_train, rng, held_out)
-    sft_train, sft_trajs = _teacher_rows(sft_problems, cfg, rng)
-    sft_valid, _ = _teacher_rows(valid, cfg, rng)
-    rl_train = _rl_rows(_draw_problems(cfg, cfg.n_train, rng, held_out))
-    rl_valid = _rl_rows(valid)
-    for name, rows in (
-        ("sft_train", sft_train),
-        ("sft_valid", sft_valid),
-        ("rl_train", rl_train),
-        ("rl_valid", rl_valid),
-    ):
-        _write_jsonl(tmp_paths[name], rows)
-    save_calc_tokenizer(tmp_paths["tokenizer"])
-    manifest = {
-        "fingerprint": cfg.fingerprint(),
-        "config": dataclasses.asdict(cfg),
-        "counts": {
-            "sft_train": len(sft_train),
-            "sft_valid": len(sft_valid),
-            "rl_train": len(rl_train),
-            "rl_valid": len(rl_valid),
-        },
-        **_teacher_stats(sft_problems, sft_trajs),
-        "valid_additive_fraction": sum(additive(p) for p in valid) / len(valid),
-        "valid_precedence_fraction": sum(precedence_matters(p) for p in valid) / len(valid),
-    }
-    with open(tmp_paths["manifest"], "w") as f:
-        json.dump(manifest, f, indent=2)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp_dir, out_dir)
-    return paths
+    def make() -> TaskFiles:
+        rng = np.random.default_rng(cfg.seed)
+        valid = _draw_problems(cfg, cfg.n_valid, rng, set())
+        held_out = {p.text() for p in valid}
+        if len(held_out) < len(valid):  # a repeated validation problem: keep one of each
+            valid = list({p.text(): p for p in valid}.values())
+        sft_problems = _draw_problems(cfg, cfg.n_sft_train, rng, held_out)
+        sft_train, sft_trajs = _teacher_rows(sft_problems, cfg, rng)
+        sft_valid, _ = _teacher_rows(valid, cfg, rng)
+        rl_train = _rl_rows(_draw_problems(cfg, cfg.n_train, rng, held_out))
+        rl_valid = _rl_rows(valid)
+        rows = {"sft_train": sft_train, "sft_valid": sft_valid, "rl_train": rl_train, "rl_valid": rl_valid}
+        facts = {
+            **_teacher_stats(sft_problems, sft_trajs),
+            "valid_additive_fraction": sum(additive(p) for p in valid) / len(valid),
+            "valid_precedence_fraction": sum(precedence_matters(p) for p in valid) / len(valid),
+        }
+        return TaskFiles(rows, save_calc_tokenizer, facts)
+
+    return build_once(out_dir, cfg, make)
 
 
 def _rl_rows(problems: list[Problem]) -> list[dict]:

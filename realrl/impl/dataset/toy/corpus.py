@@ -18,6 +18,7 @@ import numpy as np
 
 from realrl.api.core.model_api import register_reward_fn
 from realrl.impl.dataset.dschat.split import phase_indices
+from realrl.impl.dataset.toy.task_files import write_jsonl
 from realrl.impl.dataset.toy.vocab import PERIOD, SEPARATOR, ToyVocab
 from realrl.impl.interface.rule_reward import word_sentiment_reward
 
@@ -111,14 +112,6 @@ class BigramLanguage:
         return " ".join(self.words[i] for i in ids)
 
 
-def _write_jsonl(path: str, rows: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-
-
 def _split_valid(indices: list[int], fraction: float) -> tuple[list[int], list[int]]:
     n_valid = max(1, int(len(indices) * fraction))
     return indices[n_valid:], indices[:n_valid]
@@ -167,7 +160,7 @@ def build_toy_task(out_dir: str, cfg: ToyTaskConfig | None = None) -> dict:
         rows = [{"prompt": prompt_text(prompts[i]), "answer": answer(prompts[i])} for i in idx]
         sft_rewards += [true_reward(r["answer"], vocab, cfg.density_reward) for r in rows]
         os.makedirs(os.path.join(tmp_dir, "sft"), exist_ok=True)
-        _write_jsonl(os.path.join(tmp_dir, "sft", f"{part}.jsonl"), rows)
+        write_jsonl(os.path.join(tmp_dir, "sft", f"{part}.jsonl"), rows)
         counts[f"sft_{part}"] = len(rows)
     ties = 0
     for part, idx in zip(("train", "valid"), _split_valid(list(phases[2]), cfg.valid_fraction)):
@@ -182,12 +175,12 @@ def build_toy_task(out_dir: str, cfg: ToyTaskConfig | None = None) -> dict:
             chosen, rejected = (a, b) if ra > rb else (b, a)
             rows.append({"prompt": prompt_text(prompts[i]), "chosen": chosen, "rejected": rejected})
         os.makedirs(os.path.join(tmp_dir, "rm"), exist_ok=True)
-        _write_jsonl(os.path.join(tmp_dir, "rm", f"{part}.jsonl"), rows)
+        write_jsonl(os.path.join(tmp_dir, "rm", f"{part}.jsonl"), rows)
         counts[f"rm_{part}"] = len(rows)
     for part, idx in zip(("train", "valid"), _split_valid(list(phases[3]), cfg.valid_fraction)):
         rows = [{"prompt": prompt_text(prompts[i])} for i in idx]
         os.makedirs(os.path.join(tmp_dir, "ppo"), exist_ok=True)
-        _write_jsonl(os.path.join(tmp_dir, "ppo", f"{part}.jsonl"), rows)
+        write_jsonl(os.path.join(tmp_dir, "ppo", f"{part}.jsonl"), rows)
         counts[f"ppo_{part}"] = len(rows)
     vocab.save_tokenizer(os.path.join(tmp_dir, "tokenizer"))
 
