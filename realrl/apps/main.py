@@ -236,12 +236,13 @@ def _sharded_layouts(config: ExperimentConfig) -> list[str]:
 
 
 def _split_models(config: ExperimentConfig) -> dict:
-    """The architecture of every ReaLModel role that tensor parallelism splits in some layout
-    (read from its config or its checkpoint's config.json, no weights)."""
+    """The architecture of every ReaLModel role that tensor or pipeline parallelism splits in some
+    layout (read from its config or its checkpoint's config.json, no weights)."""
     return {
         role: model_config(config.models[role])
         for role, layouts in _role_layouts(config).items()
-        if any(lay.tp > 1 for lay in layouts) and config.models[role].model.type_ == "real_model"
+        if any(lay.tp > 1 or lay.pp > 1 for lay in layouts)
+        and config.models[role].model.type_ == "real_model"
     }
 
 

@@ -75,3 +75,20 @@ def check_layouts(
         ep = bool((expert_parallel or {}).get(role, False))
         for layout in role_layouts if cfg is not None else ():
             check_tensor_parallel(cfg, layout.tp, f"model {role!r} in layout {layout}", ep)
+            check_pipeline(cfg, layout.pp, f"model {role!r} in layout {layout}")
+
+
+def check_pipeline(cfg: ReaLModelConfig, pp: int, where: str) -> None:
+    """A named error when ``pp`` stages cannot hold this architecture: each stage needs a block."""
+    if pp == 1:
+        return
+    if pp > cfg.n_layers:
+        raise ValueError(
+            f"{where}: {pp} pipeline stages need at least one block each, and the model has "
+            f"{cfg.n_layers} (n_layers); choose p <= {cfg.n_layers}"
+        )
+    if cfg.n_experts:
+        raise ValueError(
+            f"{where}: pipeline stages of a Mixture-of-Experts model are not built yet; split it with "
+            "tensor or expert parallelism (m) and FSDP instead"
+        )

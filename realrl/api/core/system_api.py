@@ -406,6 +406,7 @@ class ExperimentConfig:
                 )
         self._check_dynamic_sampling()
         self._check_weightless_layouts()
+        self._check_pipelines()
         for spec in self.failpoints:
             Failpoint.parse(spec)
         if self.owner_role() not in self.allocations:
@@ -414,12 +415,34 @@ class ExperimentConfig:
         if idle:
             raise ValueError(f"model workers {idle} hold no model; lower n_model_workers or allocate them")
 
+    def _check_pipelines(self) -> None:
+        """What pipeline stages (p > 1) do not run yet: weights moved between layouts (a call in
+        another layout than its model's home), and generation decoded in pieces."""
+        for role in sorted(self.allocations):
+            home = self.placement(role)
+            for copy in self.copy_placements(role):
+                if home.layout.pp > 1 or copy.layout.pp > 1:
+                    raise ValueError(
+                        f"model {role!r} lives in {home.layout} and a call of it runs in {copy.layout}: "
+                        "moving weights to or from pipeline stages (p > 1) is not built yet; give every "
+                        f"call of {role!r} the layout of its home"
+                    )
+        pieces = self.async_rl is not None and self.async_rl.interrupt_every is not None
+        for mfc in self.mfcs if pieces else ():
+            layout = self.mfc_placements.get(mfc.name, self.placement(mfc.role)).layout
+            if mfc.interface_type is ModelInterfaceType.GENERATE and layout.pp > 1:
+                raise ValueError(
+                    f"MFC {mfc.name!r} generates in {layout} and async_rl.partial_rollout decodes in "
+                    "pieces, which pipeline stages (p > 1) do not do; generate with p1 or turn partial "
+                    "rollouts off"
+                )
+
     def _check_weightless_layouts(self) -> None:
         """A role without weights (the ``null`` backend: a tokenizer and a reward function) has
         nothing to split: a tensor-parallel layout for it is a mistake of ``allocation_mode``."""
         for role in sorted(self.allocations):
             layouts = [self.placement(role).layout, *(p.layout for p in self.copy_placements(role))]
-            split = [lay for lay in layouts if lay.tp > 1]
+            split = [lay for lay in layouts if lay.tp > 1 or lay.pp > 1]
             if self.models[role].backend.type_ == "null" and split:
                 raise ValueError(
                     f"model {role!r} has no weights to split, but its layout is {split[0]}; give the "
@@ -429,8 +452,8 @@ class ExperimentConfig:
             rank = self.models[role].lora_rank
             if split and rank:
                 raise ValueError(
-                    f"model {role!r} trains LoRA adapters ({role}.lora.rank={rank}), which tensor "
-                    f"parallelism does not split, but a layout of it is {split[0]}; use data parallelism "
+                    f"model {role!r} trains LoRA adapters ({role}.lora.rank={rank}), which tensor and "
+                    f"pipeline parallelism do not split, but a layout of it is {split[0]}; use data parallelism "
                     f"or FSDP for it (d<n>m1p1, {role}.engine.fsdp=true)"
                 )
         for mfc in self.mfcs:
@@ -457,14 +480,8 @@ class ExperimentConfig:
             )
 
     def _check_placement(self, what: str, placement: Placement, key: str | None = None) -> None:
-        """``what`` runs in ``placement``: p1, workers that exist, data for every dp rank."""
+        """``what`` runs in ``placement``: workers that exist, data for every dp rank."""
         layout = placement.layout
-        if layout.pp > 1:
-            raise ValueError(
-                f"{what}: layout {layout} asks for pipeline parallelism (p{layout.pp}), which realrl does "
-                "not do; in allocation_mode use p1 and split the model with tensor parallelism (m) and/or "
-                "<role>.engine.fsdp=true"
-            )
         bad = [w for w in placement.workers if not 0 <= w < self.n_model_workers]
         if bad:
             raise ValueError(f"{key or what} names workers {bad}, outside 0..{self.n_model_workers - 1}")

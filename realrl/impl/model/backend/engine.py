@@ -38,6 +38,7 @@ from realrl.impl.model.backend import dp
 from realrl.impl.model.backend.checkpoint import save_module_weights
 from realrl.impl.model.backend.config import EngineConfig
 from realrl.impl.model.backend.generation_session import GenerationSession, concat_generation_outputs
+from realrl.impl.model.backend.pipeline_engine import PipelineRun
 from realrl.impl.model.nn.sampling import derive_keys, random_keys
 from realrl.impl.model.parallel.mesh import ParallelContext
 
@@ -121,6 +122,8 @@ class InferenceEngine:
             module.to(self.dtype)
         if offload:
             module.to("cpu")
+        wire = module.dtype if parallel is not None and parallel.layout.pp > 1 else None
+        self.pipeline = PipelineRun.of(module, parallel, self.device, wire)
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -237,6 +240,10 @@ class InferenceEngine:
         self._require(input_, INPUT_KEY, "forward")
         results = []
         mbs = self.split(input_, mb_spec)
+        if self.pipeline is not None:
+            with self.mode(training=False), self.on_device(), self._autocast():
+                n_runs = self.lockstep_count(len(mbs))
+                return self.pipeline.forward(mbs, n_runs, output_index_fn, post_hook, aggregate_fn)
         with self.mode(training=False), self.on_device():
             for mb in mbs:
                 out = self.packed_forward(mb, output_index_fn)
@@ -259,9 +266,15 @@ class InferenceEngine:
         caller that seeds every replica alike gets the same answer per (sample id, prompt, answer
         index) whatever the micro-batches, sample order or number of replicas."""
         self._require(input_, PROMPT_KEY, "generate")
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if self.pipeline is not None:  # the stages sample with the same keys as the whole model
+            base = None if gconfig.greedy else int(random_keys(1))
+            mbs = self.split(input_, mb_spec)
+            keys = [None if base is None else prompt_keys(base, mb).to(self.device) for mb in mbs]
+            with self.generating():
+                return concat_generation_outputs(self.pipeline.generate(mbs, keys, gconfig, eos))
         if not hasattr(self.module, "generate"):
             raise TypeError(f"{type(self.module).__name__} has no generate(); it cannot serve generate MFCs")
-        eos = getattr(tokenizer, "eos_token_id", None)
         keyed = "prompt_keys" in getattr(self.module, "generate_options", ()) and not gconfig.greedy
         base = int(random_keys(1)) if keyed else None
         outs = []
@@ -287,6 +300,11 @@ class InferenceEngine:
         caller. Sampling keys as in ``generate``, so an uninterrupted session samples exactly what
         ``generate`` does when it decodes eagerly."""
         self._require(input_, PROMPT_KEY, "start_generation")
+        if self.pipeline is not None:
+            raise NotImplementedError(
+                f"layout {self.parallel.layout}: generation decoded in pieces (async_rl.partial_rollout) "
+                "does not run through pipeline stages; generate with p1"
+            )
         if not hasattr(self.module, "start_generation"):
             raise TypeError(
                 f"{type(self.module).__name__} has no start_generation(); its generation cannot be "
@@ -346,6 +364,12 @@ class InferenceEngine:
             return
         from realrl.impl.model.parallel.state import full_state_dict
 
-        state = full_state_dict(self.module, keep=self.is_writer)
-        if self.is_writer:
-            save_module_weights(self.module, path, state)
+        if self.pipeline is None:
+            state = full_state_dict(self.module, keep=self.is_writer)
+            if self.is_writer:
+                save_module_weights(self.module, path, state)
+            return
+        state = full_state_dict(self.module, keep=self.pipeline.keeps_gathered)
+        whole = self.pipeline.gather_stages(state if self.pipeline.keeps_gathered else None)
+        if whole is not None:  # the first stage's first rank
+            save_module_weights(self.module, path, whole)

@@ -124,6 +124,16 @@ class TrainEngine(InferenceEngine):
             logger.warning("train_batch: total loss weight is 0 (no loss tokens); the gradient is zero")
 
         loss_sum, stat_sums, n_tokens = 0.0, {}, 0
+        results: list[tuple[float, dict] | None] = []
+        if self.pipeline is not None:
+            scales = [w / total / divide if total > 0 else 0.0 for w in weights]
+            scales += [0.0] * (n_runs - len(mbs))  # FSDP's lockstep repeats learn nothing
+            if self.loss_scaler is not None:
+                scales = [x * self.loss_scaler.get_scale() for x in scales]
+            runs = mbs + [mbs[0]] * (n_runs - len(mbs))
+            with self.mode(training=True), self._autocast():
+                results = self.pipeline.train(runs, loss_fn, scales, output_index_fn)[: len(mbs)]
+            n_runs = 0  # the loop below has nothing left to run
         with self.mode(training=True):
             for i in range(n_runs):
                 mb, w = (mbs[i], weights[i]) if i < len(mbs) else (mbs[0], 0.0)
@@ -138,16 +148,20 @@ class TrainEngine(InferenceEngine):
                 if self.loss_scaler is not None:
                     scaled = self.loss_scaler.scale_loss(scaled)
                 scaled.backward()
-                share = w / local_total
-                loss_sum += float(loss.detach()) * share
-                for k, v in stats.items():
-                    if k.endswith(MAX_STAT_SUFFIX):  # a largest value: the largest over micro-batches
-                        stat_sums[k] = max(stat_sums.get(k, float("-inf")), float(v))
-                    elif k.endswith(MIN_STAT_SUFFIX):
-                        stat_sums[k] = min(stat_sums.get(k, float("inf")), float(v))
-                    else:
-                        stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * share
-                n_tokens += sum(mb.flat_seqlens(INPUT_KEY))
+                results += [None] * (i - len(results)) + [(float(loss.detach()), stats)]
+        for mb, w, result in zip(mbs, weights, results):
+            if result is None or w == 0:
+                continue
+            share = w / local_total
+            loss_sum += result[0] * share
+            for k, v in result[1].items():
+                if k.endswith(MAX_STAT_SUFFIX):  # a largest value: the largest over micro-batches
+                    stat_sums[k] = max(stat_sums.get(k, float("-inf")), float(v))
+                elif k.endswith(MIN_STAT_SUFFIX):
+                    stat_sums[k] = min(stat_sums.get(k, float("inf")), float(v))
+                else:
+                    stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * share
+            n_tokens += sum(mb.flat_seqlens(INPUT_KEY))
         dp.all_reduce_gradients(self.module.parameters(), self.grad_sync_group)
         return {
             "loss": loss_sum,
@@ -167,7 +181,12 @@ class TrainEngine(InferenceEngine):
         if self.loss_scaler is not None:
             self.loss_scaler.unscale_(params)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        if self.sharded:  # shards' squares summed over the mesh: the norm of the whole gradient
+        if self.pipeline is not None:  # each stage's squares, then summed over the stages
+            pipeline = self.pipeline
+            grad_norm = clip_grad_norm(
+                params, max_norm, self.module, across=self.parallel.pp_group, uncounted=pipeline.uncounted()
+            )
+        elif self.sharded:  # shards' squares summed over the mesh: the norm of the whole gradient
             grad_norm = clip_grad_norm(params, max_norm, self.module)
         else:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from realrl.api.core.config import ModelName
 from realrl.api.core.data_api import load_hf_tokenizer
@@ -42,6 +44,18 @@ def _tokenizer(tokenizer_path: str | None, path: str | None):
     return None
 
 
+def _stage_cut(parallel: Any) -> Callable[[ReaLModel], nn.Module] | None:
+    """What cuts a whole model into this rank's pipeline stage (None: no pipeline stages)."""
+    if parallel is None or parallel.layout.pp == 1:
+        return None
+    from realrl.impl.model.parallel.pipeline import PipelineStage, StageSpec
+
+    def cut(model: ReaLModel) -> nn.Module:
+        return PipelineStage(model, StageSpec.of(model.config, parallel.stage, parallel.layout.pp))
+
+    return cut
+
+
 def make_real_model(
     name: ModelName,
     device: torch.device | str = "cpu",
@@ -58,10 +72,12 @@ def make_real_model(
     """A ReaLModel from an HF checkpoint folder (``path``) or random weights (``config``).
 
     ``parallel`` (the model's ``ParallelContext``, given by the model worker): a checkpoint is
-    loaded already split over its tensor-parallel ranks, each reading only its slices. Random
+    loaded already split over its tensor-parallel ranks, each reading only its slices, and cut
+    to this rank's pipeline stage, each stage reading only its layers' tensors. Random
     weights are drawn whole (every rank the same) and split by the backend. ``lora``
     (``nn/lora.py``'s options, rank > 0): peft adapters on the loaded weights, the rest frozen."""
     torch_dtype = parse_dtype(dtype)
+    cut = _stage_cut(parallel)
     if (path is None) == (config is None):
         raise ValueError(
             f"model {name}: give exactly one of path= (HF checkpoint) or config= (random weights)"
@@ -75,6 +91,7 @@ def make_real_model(
             device=device,
             critic_head_init=critic_head_init,
             tp_mesh=parallel.tp_mesh if parallel is not None and parallel.layout.tp > 1 else None,
+            cut=cut,
         )
     else:
         fields = dict(config.__dict__) if isinstance(config, ReaLModelConfig) else dict(config)
@@ -86,12 +103,14 @@ def make_real_model(
             attn_impl=attn_impl,
             critic_head_init=critic_head_init,
         )
+        if cut is not None:  # every stage drew the whole model alike; each keeps its own layers
+            module = cut(module)
     module.base_path = path
     adapters = lora_of({"lora": lora})
     if adapters is not None:
-        if parallel is not None and parallel.layout.tp > 1:
+        if parallel is not None and (parallel.layout.tp > 1 or parallel.layout.pp > 1):
             raise ValueError(
-                f"model {name}: LoRA adapters are not split by tensor parallelism; use d or FSDP"
+                f"model {name}: LoRA adapters are not split by tensor or pipeline parallelism; use d or FSDP"
             )
         add_adapters(module, adapters, seed=module.critic_head_seed)
     return Model(name, module, _tokenizer(tokenizer_path, path), device=device, dtype=module.dtype)

@@ -185,13 +185,27 @@ def load_pretrained(
     critic_head_init: str,
     tp_mesh=None,
     expert_parallel: bool = False,
+    cut=None,
 ):
     """``tp_mesh``: split the model over it as it loads, each rank reading only its slices
-    (``expert_parallel``: of a Mixture-of-Experts model, only its own whole experts)."""
+    (``expert_parallel``: of a Mixture-of-Experts model, only its own whole experts). ``cut``: a
+    function from the whole model to the part this rank holds (a pipeline stage), applied before
+    anything is allocated, so only that part's tensors are read."""
     cfg, family, raw = _read_config(path, is_critic)
-    if tp_mesh is not None and tp_mesh.size() > 1:
+    if (tp_mesh is not None and tp_mesh.size() > 1) or cut is not None:
         return _load_split(
-            cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh, expert_parallel
+            cls,
+            path,
+            cfg,
+            family,
+            raw,
+            dtype,
+            attn_impl,
+            critic_head_init,
+            tp_mesh,
+            expert_parallel,
+            cut,
+            device,
         )
     sd = family.sd_from_hf(read_hf_state_dict(path), cfg)
     sd.update(_saved_head(path, raw))
@@ -245,10 +259,13 @@ def _local_index(param: torch.Tensor) -> tuple[slice, ...]:
 
 
 @torch.no_grad()
-def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh, expert_parallel):
-    """Build on "meta", split over ``tp_mesh``, allocate this rank's shards on the mesh's device and
-    fill them from the checkpoint, reading each renamed tensor's slice only (and, with
-    ``expert_parallel``, no tensor of another rank's experts)."""
+def _load_split(
+    cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init, tp_mesh, expert_parallel, cut, device
+):
+    """Build on "meta", cut this rank's part (``cut``), split it over ``tp_mesh``, allocate this
+    rank's shards on the mesh's device (else ``device``) and fill them from the checkpoint, reading
+    each renamed tensor's slice only (and, with ``expert_parallel``, no tensor of another rank's
+    experts; with ``cut``, no tensor of another part)."""
     from realrl.impl.model.parallel.dtensor import local
     from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel, expert_owner
 
@@ -259,26 +276,42 @@ def _load_split(cls, path, cfg, family, raw, dtype, attn_impl, critic_head_init,
         attn_impl=attn_impl,
         critic_head_init=critic_head_init,
     )
-    apply_tensor_parallel(model, tp_mesh, expert_parallel)
-    on_cpu = tp_mesh.device_type == "cpu"
-    model.materialize(torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device()))
+    whole_names = {name for name, _ in model.named_parameters()} | {"head.weight"}
+    if cut is not None:
+        model = cut(model)
+    split = tp_mesh is not None and tp_mesh.size() > 1
+    if split:
+        apply_tensor_parallel(model, tp_mesh, expert_parallel)
+    if split:  # where the mesh is
+        on_cpu = tp_mesh.device_type == "cpu"
+        target = torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
+    else:
+        target = torch.device(device or "cpu")
+    model.materialize(target)
     reader = CheckpointReader(path)
     sources = _sources(reader, family, cfg)
     sources.update(_saved_head(path, raw))
+    tied_source = sources.get("embed.wte.weight") if cfg.tied_embedding and not cfg.is_critic else None
     missing = []
     for name, param in model.named_parameters():
         index, source = _local_index(param), sources.pop(name, None)
+        if (
+            source is None and name == "head.weight"
+        ):  # a pipeline's last stage: its copy of the tied embedding
+            source = tied_source
         if source is None:
             missing.append(name)
             continue
         value = reader.read(source, index) if isinstance(source, str) else source[index]
         local(param).copy_(value)
-    rank, tp = tp_mesh.get_local_rank(), tp_mesh.size()
+    rank, tp = (tp_mesh.get_local_rank(), tp_mesh.size()) if split else (0, 1)
     held_elsewhere = {
         k for k in sources if expert_parallel and expert_owner(k, cfg.n_experts, tp) not in (None, rank)
     }
     unexpected = sorted(
-        k for k in sources if (k != "head.weight" or not cfg.tied_embedding) and k not in held_elsewhere
+        k
+        for k in sources
+        if (k != "head.weight" or not cfg.tied_embedding) and k not in held_elsewhere and k not in whole_names
     )
     _check_loaded(path, family, cfg, CRITIC_MARKER in raw, missing, unexpected)
     if cfg.is_critic and CRITIC_MARKER not in raw:

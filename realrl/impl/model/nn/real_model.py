@@ -40,6 +40,14 @@ class Embedding(nn.Module):
 
 
 @torch.no_grad()
+def reset_critic_head(head: nn.Linear, mode: str, seed: int) -> None:
+    """``head`` initialised as ``init_critic_head`` does, from ``seed`` (the same values wherever the
+    head is: a whole model, or a pipeline's last stage); nothing to do on "meta"."""
+    device = head.weight.device
+    if device.type != "meta":
+        init_critic_head(head, mode, torch.Generator(device=device).manual_seed(seed))
+
+
 def init_critic_head(head: nn.Linear, mode: str = "reward", generator: torch.Generator | None = None) -> None:
     """Reward head weight ~ N(0, std=1/sqrt(d_model+1)), bias 0 ("Reward head layer initialization"
     in "The N Implementation Details of RLHF with PPO"); "zeros" is the value-head option (N(0, 0)
@@ -113,10 +121,7 @@ class ReaLModel(nn.Module):
 
     def reset_critic_head(self) -> None:
         """A critic's new head from its own seed (nothing to do on "meta": no values yet)."""
-        device = self.head.weight.device
-        if device.type != "meta":
-            generator = torch.Generator(device=device).manual_seed(self.critic_head_seed)
-            init_critic_head(self.head, self.critic_head_init, generator)
+        reset_critic_head(self.head, self.critic_head_init, self.critic_head_seed)
 
     @torch.no_grad()
     def _init_weights(self, std: float) -> None:
@@ -289,12 +294,16 @@ class ReaLModel(nn.Module):
         device: torch.device | str | None = None,
         critic_head_init: str = "reward",
         tp_mesh: Any = None,
-    ) -> ReaLModel:
+        cut: Any = None,
+    ) -> nn.Module:
         """``tp_mesh`` (a 1-D DeviceMesh): load split over it by tensor parallelism, each rank
-        reading only its slices of the checkpoint (safetensors) onto the mesh's device."""
+        reading only its slices of the checkpoint (safetensors) onto the mesh's device. ``cut``:
+        whole model -> the part this rank holds (a pipeline stage), which alone is read."""
         from realrl.impl.model.nn.hf_io import load_pretrained
 
-        return load_pretrained(cls, path, is_critic, dtype, attn_impl, device, critic_head_init, tp_mesh)
+        return load_pretrained(
+            cls, path, is_critic, dtype, attn_impl, device, critic_head_init, tp_mesh, cut=cut
+        )
 
     def save_pretrained(
         self, save_dir: str, tokenizer: Any = None, state_dict: dict[str, torch.Tensor] | None = None

@@ -35,9 +35,14 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     """
     from torch.distributed.fsdp import fully_shard
 
-    for layer in model.layers:
+    from realrl.impl.model.parallel.tensor_parallel import numbered_blocks
+
+    for _, layer in numbered_blocks(model):
         fully_shard(layer, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
+    if hasattr(model, "dry_run"):  # a pipeline stage: its own first forward
+        model.dry_run()
+        return
     device = next(model.parameters()).device
     with torch.no_grad():
         model(

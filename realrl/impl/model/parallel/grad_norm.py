@@ -22,8 +22,11 @@ from realrl.impl.model.parallel.dtensor import is_dtensor, local
 from realrl.impl.model.parallel.mesh import comm_device
 
 
-def total_norm(grads: Iterable[tuple[torch.Tensor, dist.ProcessGroup | None]]) -> float:
-    """The norm of (gradient, group its rank's part is summed over or None) pairs."""
+def total_norm(
+    grads: Iterable[tuple[torch.Tensor, dist.ProcessGroup | None]], across: dist.ProcessGroup | None = None
+) -> float:
+    """The norm of (gradient, group its rank's part is summed over or None) pairs; ``across``: the
+    squares are then summed over that group too (the pipeline stages, each holding other layers)."""
     sums: dict[tuple, torch.Tensor] = {}
     groups: dict[tuple, list[dist.ProcessGroup]] = {}
     for g, own in grads:
@@ -43,20 +46,31 @@ def total_norm(grads: Iterable[tuple[torch.Tensor, dist.ProcessGroup | None]]) -
             s = s.to(comm_device(group))
             dist.all_reduce(s, group=group)
         total += float(s)
+    if across is not None:
+        t = torch.tensor([total], dtype=torch.float64, device=comm_device(across))
+        dist.all_reduce(t, group=across)
+        total = float(t)
     return math.sqrt(total)
 
 
 def clip_grad_norm(
-    params: list[torch.nn.Parameter], max_norm: float, module: torch.nn.Module | None = None
+    params: list[torch.nn.Parameter],
+    max_norm: float,
+    module: torch.nn.Module | None = None,
+    across: dist.ProcessGroup | None = None,
+    uncounted: set[int] = frozenset(),
 ) -> float:
     """Scale the gradients so their global norm is at most ``max_norm``; return the norm before.
-    ``module``: the model ``params`` belong to, when some of them may be one rank's own."""
+    ``module``: the model ``params`` belong to, when some of them may be one rank's own.
+    ``across``: other ranks hold the rest of the model (pipeline stages); ``uncounted``: ids of
+    parameters clipped but left out of the norm (a second copy of a tied weight)."""
     from realrl.impl.model.parallel.expert_parallel import own_parts
 
     own = own_parts(module) if module is not None else {}
     with_grad = [p for p in params if p.grad is not None]
     grads = [p.grad for p in with_grad]
-    norm = total_norm((p.grad, own.get(id(p))) for p in with_grad)
+    counted = [p for p in with_grad if id(p) not in uncounted]
+    norm = total_norm(((p.grad, own.get(id(p))) for p in counted), across)
     coef = max_norm / (norm + 1e-6)
     if coef < 1.0 and math.isfinite(norm):
         with torch.no_grad():

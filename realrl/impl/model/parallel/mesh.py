@@ -1,14 +1,17 @@
 """A model's device mesh on this worker, and the process groups the engines use.
 
 Every worker builds the mesh of every model in the same order (creating a process group is a
-collective over all workers), and keeps the ones it belongs to. The mesh is 2-D, ``("dp",
-"tp")``; the ranks of a layout map to workers as ``Placement`` says (tp fastest).
+collective over all workers), and keeps the ones it belongs to. The mesh is ``("dp", "tp")``, or
+``("pp", "dp", "tp")`` for a pipelined layout; the ranks of a layout map to workers as
+``Placement`` says (tp fastest, pp slowest). Each pipeline stage is then an ordinary (dp, tp) mesh
+of its own: tensor parallelism and FSDP work within a stage as they do on a whole model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -29,8 +32,10 @@ def comm_device(group: dist.ProcessGroup | None) -> torch.device:
 class ParallelContext:
     """What one rank of a parallel model needs to know about its layout.
 
-    ``mesh`` is None for a model on one worker; ``dp_group`` / ``tp_group`` are None when that
-    size is 1; ``model_group`` holds every rank of the model (checkpoints are collective over it).
+    ``mesh`` is None for a model on one worker; ``dp_group`` / ``tp_group`` / ``pp_group`` are None
+    when that size is 1; ``model_group`` holds every rank of the model (checkpoints are collective
+    over it). ``ends_group``: a pipelined model's first and last stage at this rank's (dp, tp)
+    coordinates, which both hold a tied embedding (None without pipeline stages).
     ``fsdp``: parameters, gradients and optimizer state are sharded over the dp ranks.
     ``expert_parallel``: a Mixture-of-Experts model's sparse blocks keep whole experts on each tp
     rank (an equal share) instead of splitting every expert (``parallel/tensor_parallel.py``).
@@ -41,6 +46,7 @@ class ParallelContext:
     model_group: dist.ProcessGroup | None
     fsdp: bool = False
     expert_parallel: bool = False
+    ends_group: dist.ProcessGroup | None = None
 
     @property
     def dp_group(self) -> dist.ProcessGroup | None:
@@ -49,6 +55,15 @@ class ParallelContext:
     @property
     def tp_group(self) -> dist.ProcessGroup | None:
         return None if self.mesh is None or self.layout.tp == 1 else self.mesh.get_group("tp")
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        return None if self.mesh is None or self.layout.pp == 1 else self.mesh.get_group("pp")
+
+    @property
+    def stage(self) -> int:
+        """This rank's pipeline stage (0 without pipeline parallelism)."""
+        return 0 if self.pp_group is None else self.mesh.get_local_rank("pp")
 
     @property
     def dp_mesh(self) -> DeviceMesh:
@@ -60,8 +75,9 @@ class ParallelContext:
 
     @property
     def sharded(self) -> bool:
-        """Whether parameters are DTensors (tensor parallel or FSDP): checkpoints gather them."""
-        return self.layout.tp > 1 or (self.fsdp and self.layout.dp > 1)
+        """Whether no single rank holds the whole model (tensor parallel, FSDP or pipeline stages):
+        checkpoints gather it or save each rank's part."""
+        return self.layout.tp > 1 or self.layout.pp > 1 or (self.fsdp and self.layout.dp > 1)
 
     @property
     def model_rank(self) -> int:
@@ -72,6 +88,18 @@ class ParallelContext:
     def is_writer(self) -> bool:
         """The one rank that writes the files of a checkpoint."""
         return self.model_rank == 0
+
+
+def _lines(
+    grid: torch.Tensor, dim: int, timeout: datetime.timedelta | None
+) -> dict[tuple[int, ...], dist.ProcessGroup]:
+    """One group per line of the (pp, dp, tp) worker grid along ``dim``, keyed by the other two
+    coordinates (collective over every worker)."""
+    moved = grid.movedim(dim, -1)
+    return {
+        key: dist.new_group(moved[key].tolist(), timeout=timeout)
+        for key in itertools.product(*(range(n) for n in moved.shape[:-1]))
+    }
 
 
 def build_contexts(
@@ -89,22 +117,32 @@ def build_contexts(
     out = {}
     for role, placement in sorted(placements.items()):
         lay = placement.layout
-        if lay.pp != 1:
-            raise ValueError(
-                f"model {role!r}: layout {lay} asks for pipeline parallelism, which realrl does not do"
-            )
         if lay.world_size == 1:
             if me in placement.workers:
                 out[role] = ParallelContext(lay, None, None)
             continue
-        grid = torch.tensor(placement.workers, dtype=torch.long).view(lay.dp, lay.tp)
+        grid = torch.tensor(placement.workers, dtype=torch.long).view(lay.pp, lay.dp, lay.tp)
         group = dist.new_group(sorted(placement.workers), timeout=timeout)
-        dp_groups = [dist.new_group(grid[:, t].tolist(), timeout=timeout) for t in range(lay.tp)]
-        tp_groups = [dist.new_group(grid[d, :].tolist(), timeout=timeout) for d in range(lay.dp)]
-        if me in placement.workers:
-            _, d, t = placement.coords_of(me)
-            mesh = DeviceMesh.from_group(
-                [dp_groups[t], tp_groups[d]], device_type, mesh=grid, mesh_dim_names=("dp", "tp")
+        pp_lines = _lines(grid, 0, timeout) if lay.pp > 1 else {}
+        dp_lines, tp_lines = _lines(grid, 1, timeout), _lines(grid, 2, timeout)
+        ends = {}
+        if lay.pp > 1:  # the first and last stage of each (dp, tp) line: a tied embedding's holders
+            ends = {
+                (d, t): dist.new_group([int(grid[0, d, t]), int(grid[-1, d, t])], timeout=timeout)
+                for d in range(lay.dp)
+                for t in range(lay.tp)
+            }
+        if me not in placement.workers:
+            continue
+        p, d, t = placement.coords_of(me)
+        if lay.pp > 1:
+            groups, names, mesh_grid = (
+                [pp_lines[d, t], dp_lines[p, t], tp_lines[p, d]],
+                ("pp", "dp", "tp"),
+                grid,
             )
-            out[role] = ParallelContext(lay, mesh, group)
+        else:
+            groups, names, mesh_grid = [dp_lines[p, t], tp_lines[p, d]], ("dp", "tp"), grid[0]
+        mesh = DeviceMesh.from_group(groups, device_type, mesh=mesh_grid, mesh_dim_names=names)
+        out[role] = ParallelContext(lay, mesh, group, ends_group=ends.get((d, t)))
     return out

@@ -35,6 +35,7 @@ from realrl.api.core.data_api import SequenceSample
 from realrl.api.quickstart.param_count import stage_layers
 from realrl.impl.model.modules.attention import PackedMeta, activation_dtype, resolve_attn_impl
 from realrl.impl.model.modules.kv_cache import PackedContext
+from realrl.impl.model.nn.real_model import reset_critic_head
 
 INPUT_KEY = "packed_input_ids"
 LossFn = Callable[[torch.Tensor, SequenceSample], tuple[torch.Tensor, dict]]
@@ -72,15 +73,77 @@ class PipelineStage(nn.Module):
             raise NotImplementedError("pipeline stages of a Mixture-of-Experts model are not built yet")
         self.config, self.spec = cfg, spec
         self.embed = model.embed if spec.first else None
-        self.layers = nn.ModuleList(model.layers[i] for i in spec.layers)
+        # keyed by the block's index in the whole model: parameter names are the whole model's
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in spec.layers})
         self.final_ln = model.final_ln if spec.last else None
         self.head = model.head if spec.last else None
         self.rotary = model.rotary
         self.requested_attn_impl = model.requested_attn_impl
+        self.lora = None
+        self.base_path = getattr(model, "base_path", None)
+        self.critic_head_seed = getattr(model, "critic_head_seed", 0)
+        self.critic_head_init = getattr(model, "critic_head_init", "reward")
+
+    def reset_critic_head(self) -> None:
+        """The last stage's critic head, as the whole model would draw it."""
+        if self.head is not None:
+            reset_critic_head(self.head, self.critic_head_init, self.critic_head_seed)
+
+    @property
+    def blocks_in_order(self) -> list[nn.Module]:
+        return list(self.layers.values())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.blocks_in_order[0].attn.q.weight.dtype
+
+    @property
+    def tied(self) -> bool:
+        """Whether the head reuses the token embedding, held by the first stage and the last."""
+        return bool(self.config.tied_embedding) and not self.config.is_critic and self.spec.n_stages > 1
+
+    def tied_weight(self) -> nn.Parameter | None:
+        """This stage's copy of a tied embedding (the first stage's embedding, the last's head)."""
+        if not self.tied:
+            return None
+        return self.embed.wte.weight if self.spec.first else self.head.weight if self.spec.last else None
+
+    @torch.no_grad()
+    def materialize(self, device: torch.device | str) -> None:
+        """Allocate a stage cut from a model on "meta" on ``device`` (values undefined) and recompute
+        the rotary frequencies, as ``ReaLModel.materialize`` does for a whole model."""
+        from realrl.impl.model.modules.rotary import rotary_inv_freq
+
+        cfg = self.config
+        self.to_empty(device=device)
+        if cfg.tied_embedding and not cfg.is_critic and self.spec.n_stages == 1:
+            self.head.weight = self.embed.wte.weight
+        if self.rotary is not None:
+            self.rotary.inv_freq.copy_(rotary_inv_freq(cfg.head_dim, cfg.rotary_base, cfg.rotary_scaling))
+
+    def dry_run(self) -> None:
+        """One token through this stage alone (FSDP2 settles its root at the first forward)."""
+        device = next(self.parameters()).device
+        ids = torch.zeros(1, dtype=torch.long, device=device)
+        cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        hidden = None
+        if not self.spec.first:
+            hidden = torch.zeros(1, self.config.hidden_dim, dtype=self.dtype, device=device)
+        with torch.no_grad():
+            self(ids, cu, hidden)
+
+    def save_pretrained(self, save_dir: str, tokenizer: Any = None, state_dict: dict | None = None) -> None:
+        """An ordinary HF folder from ``state_dict``: the whole model's weights, gathered from
+        every stage (``pipeline_state.gather_stages``)."""
+        from realrl.impl.model.nn.hf_io import save_pretrained
+
+        if state_dict is None:
+            raise ValueError("a pipeline stage holds part of the model: save it from its gathered state dict")
+        save_pretrained(self, save_dir, tokenizer, state_dict)
 
     def context(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> PackedContext:
         meta = PackedMeta.from_cu_seqlens(cu_seqlens, input_ids.shape[0])
-        dtype = activation_dtype(self.layers[0].attn.q.weight.dtype, input_ids.device)
+        dtype = activation_dtype(self.dtype, input_ids.device)
         impl = resolve_attn_impl(self.requested_attn_impl, input_ids.device.type, dtype)
         return PackedContext(meta, impl, self.config.attn_pdrop if self.training else 0.0)
 
@@ -109,7 +172,7 @@ class PipelineStage(nn.Module):
         rope = None
         if self.rotary is not None:
             rope = self.rotary(ctx.positions, ctx.max_position, activation_dtype(x.dtype, x.device))
-        for layer in self.layers:
+        for layer in self.layers.values():
             x = layer(x, rope, ctx, None)
         return x
 
@@ -142,7 +205,8 @@ class StageLinks:
         for all, return the received tensors in order."""
         ops, out = [], []
         for tensor, offset in sends:
-            ops.append(dist.P2POp(dist.isend, tensor.detach().contiguous(), self._peer(offset), self.group))
+            wire = tensor.detach().to(self.dtype).contiguous()
+            ops.append(dist.P2POp(dist.isend, wire, self._peer(offset), self.group))
         for n_tokens, offset in receives:
             buf = self._buffer(n_tokens)
             ops.append(dist.P2POp(dist.irecv, buf, self._peer(offset), self.group))
@@ -200,11 +264,11 @@ def train_1f1b(
     loss_fn: LossFn,
     scales: list[float],
     output_index_fn=None,
-) -> list[tuple[float, dict]]:
+) -> list[tuple[float, dict] | None]:
     """Forward and backward of every micro-batch in the 1F1B order, gradients accumulated into the
     stage's parameters. ``scales[i]``: what micro-batch i's loss is multiplied by before its
     backward (its share of the batch's loss weight). The last stage returns each micro-batch's
-    (loss, stats); the others an empty list. The order of a stage's steps is recorded in
+    (loss, stats), None where its scale is 0 (the loss is not computed); the others an empty list. The order of a stage's steps is recorded in
     ``stage.schedule_log`` (``("F", i)`` / ``("B", i)``) when that attribute is a list."""
     spec, m = stage.spec, len(mbs)
     warmup = min(spec.n_stages - spec.stage - 1, m)
@@ -216,7 +280,10 @@ def train_1f1b(
         if hidden is not None:
             hidden.requires_grad_(True)
         out = _forward(stage, mbs[i], hidden, output_index_fn)
-        if spec.last:
+        if spec.last and scales[i] == 0:  # nothing to learn (no loss tokens, or a lockstep repeat)
+            results.append(None)
+            out = out.float().sum() * 0.0  # its mean loss may be 0/0; the backward must still run
+        elif spec.last:
             loss, stats = loss_fn(out, mbs[i])
             results.append((float(loss.detach()), stats))
             out = loss.float() * scales[i]
@@ -228,7 +295,7 @@ def train_1f1b(
         if spec.last:
             item.outputs.backward()
         else:
-            torch.autograd.backward(item.outputs, grad)
+            torch.autograd.backward(item.outputs, grad.to(item.outputs.dtype))
         if log is not None:
             log.append(("B", item.index))
         return None if item.inputs is None else item.inputs.grad

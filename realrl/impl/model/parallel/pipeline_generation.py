@@ -77,9 +77,10 @@ def generate_pipelined(
     spec, cfg = stage.spec, stage.config
     device = micro_batches[0].input_ids.device if micro_batches else torch.device("cpu")
     eos = eos_tensor(eos_token_id, device)
-    dtype = activation_dtype(stage.layers[0].attn.q.weight.dtype, device)
+    dtype = activation_dtype(stage.dtype, device)  # what attention computes in (the KV cache's)
+    wire = stage.dtype  # what the residual stream between stages is in (autocast keeps it fp32)
     impl = resolve_attn_impl(stage.requested_attn_impl, device.type, dtype)
-    n_kv = stage.layers[0].attn.n_kv
+    n_kv = stage.blocks_in_order[0].attn.n_kv
     sends: list = []  # asynchronous sends in flight (their buffers kept alive until done)
     weights = DecodeWeights()  # decode-time projection weights, prepared once for every micro-batch
     decodings = []
@@ -100,7 +101,8 @@ def generate_pipelined(
 
     def send(tensor: torch.Tensor, stage_index: int) -> None:
         peer = dist.get_global_rank(links.group, stage_index)
-        sends.append((dist.isend(tensor.contiguous(), peer, group=links.group), tensor))
+        tensor = tensor.contiguous()
+        sends.append((dist.isend(tensor, peer, group=links.group), tensor))
 
     def receive(shape: tuple, dtype: torch.dtype, stage_index: int) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=device)
@@ -138,13 +140,13 @@ def generate_pipelined(
         x = (
             p.input_ids
             if spec.first
-            else receive((p.input_ids.shape[0], cfg.hidden_dim), dtype, spec.stage - 1)
+            else receive((p.input_ids.shape[0], cfg.hidden_dim), wire, spec.stage - 1)
         )
         x = stage.blocks(x, ctx)
         d.cache.repeat_interleave(g.n)
         d.lens = d.lens.repeat_interleave(g.n)
         if not spec.last:
-            send(x, spec.stage + 1)
+            send(x.to(wire), spec.stage + 1)
             return
         logits = stage.outputs(x[p.cu_seqlens[1:].long() - 1]).repeat_interleave(g.n, dim=0)
         sample(d, logits)
@@ -152,11 +154,11 @@ def generate_pipelined(
     def decode(d: _Decoding) -> None:
         rows = d.live.numel()
         ctx = DecodeContext(d.cache, d.lens, int(d.lens.max()) + 1, weights, impl)
-        x = d.tokens if spec.first else receive((rows, cfg.hidden_dim), dtype, spec.stage - 1)
+        x = d.tokens if spec.first else receive((rows, cfg.hidden_dim), wire, spec.stage - 1)
         x = stage.blocks(x, ctx)
         d.lens = d.lens + 1  # the new token's slot is filled
         if not spec.last:
-            send(x, spec.stage + 1)
+            send(x.to(wire), spec.stage + 1)
             return
         sample(d, stage.outputs(x))
 

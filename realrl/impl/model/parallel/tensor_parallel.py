@@ -87,6 +87,22 @@ def plan_for(cfg: ReaLModelConfig, tp: int, expert_parallel: bool = False) -> di
     return plan
 
 
+def numbered_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(index in the whole model, block) of every block ``model`` holds: all of a ReaLModel's, or a
+    pipeline stage's (``parallel/pipeline.py``), whose blocks are keyed by that index."""
+    if isinstance(model.layers, nn.ModuleDict):
+        return [(int(i), layer) for i, layer in model.layers.items()]
+    return list(enumerate(model.layers))
+
+
+def _holds(model: nn.Module, name: str) -> bool:
+    """Whether ``model`` has the submodule ``name`` (a pipeline stage holds some blocks only)."""
+    try:
+        return model.get_submodule(name) is not None
+    except AttributeError:
+        return False
+
+
 def expert_range(n_experts: int, tp: int, rank: int) -> range:
     """The experts tp rank ``rank`` holds whole under expert parallelism: an equal, contiguous share."""
     share = n_experts // tp
@@ -149,9 +165,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, expert_parallel
     cfg: ReaLModelConfig = model.config
     tp = tp_mesh.size()
     check_tensor_parallel(cfg, tp, "tensor parallelism", expert_parallel)
-    parallelize_module(model, tp_mesh, plan_for(cfg, tp, expert_parallel), src_data_rank=None)
+    plan = {name: style for name, style in plan_for(cfg, tp, expert_parallel).items() if _holds(model, name)}
+    parallelize_module(model, tp_mesh, plan, src_data_rank=None)
     group = tp_mesh.get_group()
-    for i, layer in enumerate(model.layers):
+    for i, layer in numbered_blocks(model):
         layer.attn.n_q, layer.attn.n_kv = cfg.n_q_heads // tp, cfg.n_kv_heads // tp
         if partial_over_tp(layer.attn):
             layer.attn.register_forward_pre_hook(SumGradientOverTp(group))
@@ -159,5 +176,5 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, expert_parallel
             layer.mlp.split = ExpertSplit(group, whole_experts=expert_parallel)
             if expert_parallel:
                 layer.mlp.keep_experts(expert_range(cfg.n_experts, tp, tp_mesh.get_local_rank()))
-    if cfg.tied_embedding and not cfg.is_critic:
+    if cfg.tied_embedding and not cfg.is_critic and model.embed is not None and model.head is not None:
         model.head.weight = model.embed.wte.weight  # both split the vocabulary the same way

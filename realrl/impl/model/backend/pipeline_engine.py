@@ -1,0 +1,197 @@
+"""What the engines do on a pipelined model: the schedules of ``parallel/pipeline.py`` behind the
+engine's own calls, so an interface runs the same code on one worker and on pipeline stages.
+
+Every stage of a replica holds the whole batch (the data reaches every rank of a replica), cuts it
+into the same micro-batches and runs its part of the schedule. The last stage computes what the
+call returns (the post-hooks' results, the sampled answers, the losses' statistics) and hands it
+to the other stages, so every rank of the replica returns the same thing, as tensor-parallel
+ranks do: any of them can keep the outputs or answer the master.
+
+A tied embedding (the head reusing the token embedding) has a copy on the first stage and one on
+the last; their gradients are summed over the two after every backward pass, so the two copies
+take the same update and stay equal (Megatron-LM's rule), and the gradient norm counts the
+first stage's copy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from realrl.api.core.data_api import SequenceSample
+from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
+from realrl.impl.model.parallel.dtensor import is_dtensor, local
+from realrl.impl.model.parallel.mesh import ParallelContext, comm_device
+from realrl.impl.model.parallel.pipeline import (
+    LossFn,
+    PipelineStage,
+    StageLinks,
+    forward_only,
+    train_1f1b,
+)
+from realrl.impl.model.parallel.pipeline_generation import Prompts, generate_pipelined
+
+PROMPT_KEY = "packed_prompts"
+
+
+@dataclasses.dataclass
+class PipelineRun:
+    """One rank's stage of a pipelined model and the groups its schedules use."""
+
+    stage: PipelineStage
+    links: StageLinks
+    parallel: ParallelContext
+    device: torch.device
+
+    @classmethod
+    def of(
+        cls,
+        module: torch.nn.Module,
+        parallel: ParallelContext | None,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> PipelineRun | None:
+        """The run of ``module`` when ``parallel`` has pipeline stages (None otherwise).
+        ``dtype``: what the activations between stages travel in."""
+        if parallel is None or parallel.layout.pp == 1:
+            return None
+        if not isinstance(module, PipelineStage):
+            raise TypeError(
+                f"layout {parallel.layout} has pipeline stages, but the model is a {type(module).__name__}, "
+                "not a PipelineStage (the model factory cuts a ReaLModel into its stage)"
+            )
+        links = StageLinks(parallel.pp_group, module.spec, module.config.hidden_dim, dtype, device)
+        return cls(module, links, parallel, device)
+
+    @property
+    def last(self) -> bool:
+        return self.stage.spec.last
+
+    # -- what the last stage computed, on every stage --------------------------------------------
+
+    def share(self, obj: Any) -> Any:
+        """``obj`` as the last stage has it, on every stage of this rank's pipeline (tensors on
+        this engine's device). Serialised with ``torch.save``: any picklable result travels."""
+        group = self.parallel.pp_group
+        src = dist.get_global_rank(group, self.stage.spec.n_stages - 1)
+        wire = comm_device(group)
+        if self.last:
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            payload = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8).to(wire)
+            size = torch.tensor([payload.numel()], dtype=torch.long, device=wire)
+        else:
+            size = torch.zeros(1, dtype=torch.long, device=wire)
+        dist.broadcast(size, src, group=group)
+        if not self.last:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8, device=wire)
+        dist.broadcast(payload, src, group=group)
+        if self.last:
+            return obj
+        data = io.BytesIO(payload.cpu().numpy().tobytes())
+        return torch.load(data, map_location=self.device, weights_only=False)
+
+    # -- the engine's calls ------------------------------------------------------------------------
+
+    def forward(
+        self,
+        mbs: list[SequenceSample],
+        n_runs: int,
+        output_index_fn: Callable | None,
+        post_hook: Callable | None,
+        aggregate_fn: Callable,
+    ) -> Any:
+        """Inference over ``mbs``; ``n_runs`` >= len(mbs) micro-batches go through the stages
+        (FSDP's lockstep: the extra ones repeat the first and are dropped)."""
+        runs = mbs + [mbs[0]] * (n_runs - len(mbs))
+        outs = forward_only(self.stage, self.links, runs, output_index_fn)
+        result = None
+        if self.last:
+            pairs = zip(outs[: len(mbs)], mbs)
+            result = aggregate_fn([post_hook(o, mb) if post_hook is not None else o for o, mb in pairs])
+        return self.share(result)
+
+    def generate(
+        self,
+        mbs: list[SequenceSample],
+        keys: list[torch.Tensor | None],
+        gconfig: GenerationHyperparameters,
+        eos_token_id: Any,
+    ) -> list[GenerationOutput]:
+        """Every micro-batch's answers, pipelined; ``keys[i]``: micro-batch i's prompt keys (None:
+        greedy, no noise is drawn)."""
+        prompts = []
+        for mb, key in zip(mbs, keys):
+            ids = mb.data[PROMPT_KEY]
+            cu = mb.cu_seqlens(PROMPT_KEY).to(self.device)
+            if key is None:
+                key = torch.zeros(cu.numel() - 1, dtype=torch.long, device=self.device)
+            prompts.append(Prompts(ids, cu, key))
+        outs = generate_pipelined(self.stage, self.links, prompts, gconfig, eos_token_id)
+        return self.share(outs if self.last else None)
+
+    def train(
+        self,
+        mbs: list[SequenceSample],
+        loss_fn: LossFn,
+        scales: list[float],
+        output_index_fn: Callable | None,
+    ) -> list[tuple[float, dict] | None]:
+        """Gradients of ``sum_i scales[i] * loss_i`` accumulated into the stage's parameters (1F1B);
+        every micro-batch's (loss, stats), None where its scale is 0."""
+        results = train_1f1b(self.stage, self.links, mbs, loss_fn, scales, output_index_fn)
+        self.sum_tied_gradients()
+        return self.share(results if self.last else None)
+
+    def sum_tied_gradients(self) -> None:
+        """The first and the last stage's copies of a tied embedding get the sum of both gradients."""
+        weight = self.stage.tied_weight()
+        if weight is None:
+            return
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        if is_dtensor(weight.grad) and weight.grad.placements != weight.placements:
+            # a tensor-parallel embedding's gradient may come back replicated: split it as the
+            # weight is, so both stages' copies sum the same slice (no communication)
+            weight.grad = weight.grad.redistribute(weight.device_mesh, weight.placements)
+        grad = local(weight.grad)
+        group = self.parallel.ends_group
+        moved = grad.to(comm_device(group))
+        dist.all_reduce(moved, group=group)
+        if moved is not grad:
+            grad.copy_(moved)
+
+    def uncounted(self) -> set[int]:
+        """Parameters (by id) the gradient norm leaves out: the last stage's copy of a tied embedding."""
+        weight = self.stage.tied_weight()
+        return {id(weight)} if weight is not None and self.last else set()
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def gather_stages(self, state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights on the model's first rank, from each stage's first rank's
+        ``state`` (its whole tensors: tensor-parallel and FSDP shards already gathered); None on
+        the other ranks. Collective over the pipeline of the (dp 0, tp 0) ranks."""
+        if not self.keeps_gathered:
+            return None
+        group = self.parallel.pp_group
+        dst = dist.get_global_rank(group, 0)
+        parts = [None] * self.stage.spec.n_stages if self.stage.spec.first else None
+        dist.gather_object(state, parts, dst=dst, group=group)
+        if not self.stage.spec.first:
+            return None
+        whole: dict[str, torch.Tensor] = {}
+        for part in parts:
+            whole.update(part)
+        return whole
+
+    @property
+    def keeps_gathered(self) -> bool:
+        """Whether this rank keeps its stage's gathered weights (each stage's dp 0, tp 0 rank)."""
+        mesh = self.parallel.mesh
+        return mesh.get_local_rank("dp") == 0 and mesh.get_local_rank("tp") == 0
