@@ -24,6 +24,7 @@ SHORT = [
     'prerequisite_overrides=["exp_ctrl.total_train_steps=2","dataset.train_bs_n_seqs=8"]',
 ]
 PPO_EXTRA = ("ppo.ppo_n_minibatches=2", "toy_eval_prompts=32")
+GRPO_EXTRA = ("ppo.ppo_n_minibatches=2", "toy_eval_prompts=32")
 TOY_SUMMARY_KEYS = (
     "sft_true_reward_mean",
     "sft_true_reward_std",
@@ -134,10 +135,10 @@ def test_sft_with_fsdp_over_two_workers_evaluates_and_saves_a_whole_model(filero
     assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in reference.items()}
 
 
-def assert_same_statistics_as_one_worker(fileroot, run_dir):
+def assert_same_statistics_as_one_worker(fileroot, run_dir, name="ppo", extra=PPO_EXTRA):
     """Every statistic of the run in ``run_dir`` equals the default run's (everything on one
-    worker, ``test_ppo_default_writes_the_toy_summary``) within fp32 tolerance."""
-    base = default_run("ppo", fileroot, *PPO_EXTRA)
+    worker, ``test_ppo_default_writes_the_toy_summary`` for PPO) within fp32 tolerance."""
+    base = default_run(name, fileroot, *extra)
     with open(os.path.join(base.run_dir, "stats.jsonl")) as f:
         want = [json.loads(line) for line in f]
     with open(os.path.join(run_dir, "stats.jsonl")) as f:
@@ -190,9 +191,40 @@ def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statist
 
 
 @pytest.mark.parametrize(
+    "name, layout, extra",
+    [
+        ("ppo", "allocation_mode=d1m1p2", PPO_EXTRA),
+        # trains on two stages, generates as two whole replicas: the weights move between them
+        pytest.param(
+            "ppo",
+            'allocation_mode="actor_train:d1m1p2,actor_gen:d2m1p1,*:d1m1p1"',
+            PPO_EXTRA,
+            marks=pytest.mark.slow,
+        ),
+        # the reward function's role has no weights to cut: it stays whole
+        pytest.param(
+            "grpo", 'allocation_mode="actor:d1m1p2,ref:d1m1p2,*:d1m1p1"', GRPO_EXTRA, marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_pipeline_stages_give_the_statistics_of_one_worker(fileroot, name, layout, extra):
+    """The models cut into two pipeline stages (loaded stage by stage from the SFT and reward
+    checkpoints): forward, generate and train_step run through the stages and the run gives one
+    worker's numbers."""
+    trial = "pp-per-call" if "actor_gen" in layout else "pp2"
+    cfg, summary = run(name, fileroot, *extra, layout, f"trial_name={trial}")
+    got = assert_same_statistics_as_one_worker(fileroot, cfg.run_dir, name, extra)
+    assert summary["allocation_mode"] == layout.split("=", 1)[1].strip('"')
+    if "actor_gen" in layout:
+        for record in got:
+            assert record["realloc/actor/moves"] == "d1m1p2@0,1 -> d2m1p1@0,1"
+            assert record["realloc/actor/bytes"] > 0
+
+
+@pytest.mark.parametrize(
     "name, extra",
     [
-        ("grpo", ["ppo.ppo_n_minibatches=2", "toy_eval_prompts=32"]),
+        ("grpo", list(GRPO_EXTRA)),
         # the actor sharded by FSDP over two workers: it generates from gathered weights
         ("grpo", ["allocation_mode=d2", "actor.engine.fsdp=true", "trial_name=fsdp", "toy_eval_prompts=32"]),
         ("dpo", []),

@@ -102,7 +102,7 @@ def run_case(rank: int, name: str, ctx, fsdp: bool, folder: str, out_dir: str) -
     ctx = dataclasses.replace(ctx, fsdp=fsdp)
     parallelize(model.module, ctx)
     engine = TrainEngine(model.module, OPT, EngineConfig(fsdp=fsdp), parallel=ctx)
-    d = ctx.mesh.get_local_rank("dp")
+    d = ctx.coords[1]
     got = calls(engine, d)
     saved = os.path.join(out_dir, name)
     engine.save_pretrained(saved)

@@ -39,6 +39,25 @@ from realrl.impl.model.parallel.pipeline_generation import Prompts, generate_pip
 PROMPT_KEY = "packed_prompts"
 
 
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor in it (in lists, tuples, dicts and dataclasses),
+    in one fixed order."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, list | tuple):
+        return type(obj)(_map_tensors(x, fn) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = {f.name: _map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **fields)
+    return obj
+
+
+def _on_host(t: torch.Tensor) -> bool:
+    return t.device == torch.device("cpu")
+
+
 @dataclasses.dataclass
 class PipelineRun:
     """One rank's stage of a pipelined model and the groups its schedules use."""
@@ -65,7 +84,9 @@ class PipelineRun:
                 f"layout {parallel.layout} has pipeline stages, but the model is a {type(module).__name__}, "
                 "not a PipelineStage (the model factory cuts a ReaLModel into its stage)"
             )
-        links = StageLinks(parallel.pp_group, module.spec, module.config.hidden_dim, dtype, device)
+        links = StageLinks(
+            parallel.pp_group, module.spec, module.config.hidden_dim, dtype, device, parallel.stage_ranks
+        )
         return cls(module, links, parallel, device)
 
     @property
@@ -75,14 +96,17 @@ class PipelineRun:
     # -- what the last stage computed, on every stage --------------------------------------------
 
     def share(self, obj: Any) -> Any:
-        """``obj`` as the last stage has it, on every stage of this rank's pipeline (tensors on
-        this engine's device). Serialised with ``torch.save``: any picklable result travels."""
+        """``obj`` as the last stage has it, on every stage of this rank's pipeline: each tensor in
+        host memory where the last stage's is, else on this engine's device. Serialised with
+        ``torch.save``: any picklable result travels."""
         group = self.parallel.pp_group
-        src = dist.get_global_rank(group, self.stage.spec.n_stages - 1)
+        src = self.links.peer(self.stage.spec.n_stages - 1)
         wire = comm_device(group)
         if self.last:
+            hosted: list[bool] = []  # which tensors the last stage holds in host memory
+            _map_tensors(obj, lambda t: hosted.append(_on_host(t)) or t)
             buf = io.BytesIO()
-            torch.save(obj, buf)
+            torch.save((obj, hosted), buf)
             payload = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8).to(wire)
             size = torch.tensor([payload.numel()], dtype=torch.long, device=wire)
         else:
@@ -94,7 +118,9 @@ class PipelineRun:
         if self.last:
             return obj
         data = io.BytesIO(payload.cpu().numpy().tobytes())
-        return torch.load(data, map_location=self.device, weights_only=False)
+        obj, hosted = torch.load(data, map_location="cpu", weights_only=False)
+        flags = iter(hosted)  # each tensor where the last stage has it: host memory, or this device
+        return _map_tensors(obj, lambda t: t if next(flags) else t.to(self.device))
 
     # -- the engine's calls ------------------------------------------------------------------------
 
@@ -180,7 +206,7 @@ class PipelineRun:
         if not self.keeps_gathered:
             return None
         group = self.parallel.pp_group
-        dst = dist.get_global_rank(group, 0)
+        dst = self.links.peer(0)
         parts = [None] * self.stage.spec.n_stages if self.stage.spec.first else None
         dist.gather_object(state, parts, dst=dst, group=group)
         if not self.stage.spec.first:
@@ -193,5 +219,5 @@ class PipelineRun:
     @property
     def keeps_gathered(self) -> bool:
         """Whether this rank keeps its stage's gathered weights (each stage's dp 0, tp 0 rank)."""
-        mesh = self.parallel.mesh
-        return mesh.get_local_rank("dp") == 0 and mesh.get_local_rank("tp") == 0
+        _, d, t = self.parallel.coords
+        return (d, t) == (0, 0)

@@ -98,16 +98,19 @@ def side_for(
     expert_parallel: bool = False,
 ) -> Side:
     """The plan's view of ``cfg`` laid out on ``placement`` (``fsdp``: as ``apply_fsdp`` shards;
-    ``expert_parallel``: each tp rank holds its share of the routed experts whole)."""
+    ``expert_parallel``: each tp rank holds its share of the routed experts whole; pipeline
+    stages: each holds its own layers)."""
+    from realrl.impl.model.parallel.pipeline import param_stages
     from realrl.impl.model.parallel.tensor_parallel import expert_owner
 
-    tp = placement.layout.tp
+    tp, pp = placement.layout.tp, placement.layout.pp
     dims = split_dims_for(cfg, tp, lora, expert_parallel)
     owners = {}
     if expert_parallel and tp > 1:
         owned = ((n, expert_owner(n, cfg.n_experts, tp)) for n in dims)
         owners = {n: owner for n, owner in owned if owner is not None}
-    return Side(placement, dims, fsdp and placement.layout.dp > 1, owners)
+    stages = param_stages(cfg, list(dims), pp) if pp > 1 else {}
+    return Side(placement, dims, fsdp and placement.layout.dp > 1, owners, stages)
 
 
 def param_specs(module: nn.Module, wire_dtype: torch.dtype | None = None) -> dict[str, ParamSpec]:
@@ -139,17 +142,20 @@ def build_copy(
     dtype: torch.dtype,
     attn_impl: str = "auto",
     lora: LoRAConfig | None = None,
-) -> ReaLModel:
-    """An empty ReaLModel laid out for ``parallel``, to be filled by ``reallocate``: split by
-    tensor parallelism when tp > 1 (whole experts per rank with ``parallel.expert_parallel``),
-    never sharded by FSDP (a copy serves generation and
+) -> nn.Module:
+    """An empty ReaLModel laid out for ``parallel``, to be filled by ``reallocate``: this rank's
+    pipeline stage when pp > 1, split by tensor parallelism when tp > 1 (whole experts per rank
+    with ``parallel.expert_parallel``), never sharded by FSDP (a copy serves generation and
     inference), in eval mode and without gradients. Only this worker's shards are allocated."""
+    from realrl.impl.model.parallel.pipeline import PipelineStage, StageSpec
     from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel
 
     with torch.random.fork_rng(devices=[]):  # weights come from the source; the caller's RNG stays
         model = ReaLModel(cfg, dtype=dtype, device="meta", attn_impl=attn_impl)
         if lora is not None:  # the same adapters as the home model (names, shapes): filled from it
             add_adapters(model, lora)
+    if parallel is not None and parallel.layout.pp > 1:
+        model = PipelineStage(model, StageSpec.of(cfg, parallel.stage, parallel.layout.pp))
     if parallel is not None and parallel.mesh is not None and parallel.layout.tp > 1:
         apply_tensor_parallel(model, parallel.tp_mesh, parallel.expert_parallel)
     model.materialize(device)
@@ -200,6 +206,8 @@ def local_tensors(
     if module is None:
         raise ValueError(f"worker {me} is in the {what} placement of the plan but has no {what} module")
     named = dict(own_named_parameters(module))
+    if getattr(module, "tied", False) and "embed.wte.weight" not in named:  # a last pipeline stage
+        named["embed.wte.weight"] = named.pop("head.weight")  # its copy of the tied embedding
     out = {}
     for name, per_worker in boxes.items():
         if name not in named and is_empty(per_worker[me]):

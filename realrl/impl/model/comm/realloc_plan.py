@@ -46,19 +46,25 @@ class Side:
     tp rank); ignored when tp == 1. ``owners``: parameter -> the one tp rank that holds it whole
     (expert parallelism: a routed expert's weights); the other tp ranks hold nothing of it.
     ``fsdp``: dim 0 of the tp-local tensor is further sharded over the dp ranks (FSDP2,
-    torch.chunk semantics).
+    torch.chunk semantics). ``stages``: parameter -> the pipeline stages that hold it (a tied
+    embedding: the first and the last); ignored when pp == 1.
     """
 
     placement: Placement
     split_dims: Mapping[str, int | None]
     fsdp: bool = False
     owners: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    stages: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def box(self, name: str, shape: tuple[int, ...], rank: int) -> Box:
         layout = self.placement.layout
         owner = self.owners.get(name)
-        if owner is not None and layout.tp > 1 and layout.coords(rank)[2] != owner:
-            return tuple((0, 0) for _ in shape)
+        stage, _, t = layout.coords(rank)
+        nothing = tuple((0, 0) for _ in shape)
+        if owner is not None and layout.tp > 1 and t != owner:
+            return nothing
+        if layout.pp > 1 and stage not in self.stages[name]:
+            return nothing
         return shard_box(shape, layout, self.split_dims.get(name), self.fsdp, rank)
 
 

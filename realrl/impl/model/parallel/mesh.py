@@ -61,9 +61,26 @@ class ParallelContext:
         return None if self.mesh is None or self.layout.pp == 1 else self.mesh.get_group("pp")
 
     @property
+    def coords(self) -> tuple[int, int, int]:
+        """This rank's (pp, dp, tp) coordinates in its layout. Read from the mesh's grid, not from
+        the groups: torch orders a group's ranks by worker, a layout may place them otherwise."""
+        if self.mesh is None:
+            return 0, 0, 0
+        coordinate = tuple(self.mesh.get_coordinate())
+        return coordinate if len(coordinate) == 3 else (0, *coordinate)
+
+    @property
     def stage(self) -> int:
         """This rank's pipeline stage (0 without pipeline parallelism)."""
-        return 0 if self.pp_group is None else self.mesh.get_local_rank("pp")
+        return self.coords[0]
+
+    @property
+    def stage_ranks(self) -> tuple[int, ...]:
+        """The global rank of every stage of this rank's pipeline, in stage order."""
+        if self.pp_group is None:
+            return (dist.get_rank(),)
+        _, d, t = self.coords
+        return tuple(int(r) for r in self.mesh.mesh[:, d, t])
 
     @property
     def dp_mesh(self) -> DeviceMesh:

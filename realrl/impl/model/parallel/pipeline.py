@@ -62,6 +62,25 @@ class StageSpec:
         return cls(stage, n_stages, stage_layers(config, n_stages)[stage])
 
 
+def param_stages(config: Any, names: list[str], n_stages: int) -> dict[str, tuple[int, ...]]:
+    """Which of ``n_stages`` stages hold each parameter of a whole model (by its name there): a
+    block's, the stage of its layers; the embedding's, the first (and, tied to the head, the last
+    too); the final norm's and the head's, the last."""
+    last = n_stages - 1
+    block_stage = {i: s for s, layers in enumerate(stage_layers(config, n_stages)) for i in layers}
+    tied = bool(config.tied_embedding) and not config.is_critic
+    out = {}
+    for name in names:
+        parts = name.split(".")
+        if parts[0] == "layers":
+            out[name] = (block_stage[int(parts[1])],)
+        elif parts[0] == "embed":
+            out[name] = (0, last) if tied and name == "embed.wte.weight" else (0,)
+        else:
+            out[name] = (last,)
+    return out
+
+
 class PipelineStage(nn.Module):
     """The parts of a ReaLModel one stage runs: ``forward(ids or activations, cu_seqlens)`` gives
     the next stage's input, or, on the last stage, the logits (a critic's values)."""
@@ -191,9 +210,18 @@ class StageLinks:
     hidden_dim: int
     dtype: torch.dtype = torch.float32
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+    # the global rank of every stage, in stage order (None: the group's own rank order, which
+    # torch sorts: a layout may place its stages on workers in any order)
+    stage_ranks: tuple[int, ...] | None = None
+
+    def peer(self, stage: int) -> int:
+        """The global rank of stage ``stage``."""
+        if self.stage_ranks is not None:
+            return self.stage_ranks[stage]
+        return dist.get_global_rank(self.group, stage)
 
     def _peer(self, offset: int) -> int:
-        return dist.get_global_rank(self.group, self.spec.stage + offset)
+        return self.peer(self.spec.stage + offset)
 
     def _buffer(self, n_tokens: int) -> torch.Tensor:
         return torch.empty(n_tokens, self.hidden_dim, dtype=self.dtype, device=self.device)

@@ -100,13 +100,13 @@ def generate_pipelined(
         decodings.append(d)
 
     def send(tensor: torch.Tensor, stage_index: int) -> None:
-        peer = dist.get_global_rank(links.group, stage_index)
+        peer = links.peer(stage_index)
         tensor = tensor.contiguous()
         sends.append((dist.isend(tensor, peer, group=links.group), tensor))
 
     def receive(shape: tuple, dtype: torch.dtype, stage_index: int) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(buf, dist.get_global_rank(links.group, stage_index), group=links.group)
+        dist.recv(buf, links.peer(stage_index), group=links.group)
         return buf
 
     def drop_ended(d: _Decoding, tokens: torch.Tensor) -> None:
