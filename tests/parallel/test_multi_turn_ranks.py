@@ -3,9 +3,9 @@
 - FSDP over two data-parallel ranks: one rank's trajectories end after one turn while the other's
   take three; the finished rank joins the other's weight gathers (``join_generation``) and both
   return, with the same trajectories the replicated engine samples.
-- Tensor parallelism over two ranks: an environment whose observations differ by process (a
-  clock, a live tool) is stepped on the group's first rank only and its answers shared, so both
-  ranks hold the same trajectories."""
+- Tensor parallelism over two ranks, and two pipeline stages: an environment whose observations
+  differ by process (a clock, a live tool) is stepped on the replica's first rank only and its
+  answers shared, so both ranks hold the same trajectories."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from realrl.impl.model.backend.engine import InferenceEngine
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.apply import parallelize
 from realrl.impl.model.parallel.mesh import build_contexts
+from realrl.impl.model.parallel.pipeline import PipelineStage, StageSpec
 
 CFG = tiny_config(hf_model_type="llama", eos_token_id=2, pad_token_id=0)
 WORDS = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(CFG.vocab_size - 4)]
@@ -82,6 +83,8 @@ def prompts(tok, texts: list[str], first_id: int) -> SequenceSample:
 def model(parallel, fsdp: bool, tok) -> Model:
     torch.manual_seed(0)
     module = ReaLModel(CFG)
+    if parallel is not None and parallel.layout.pp > 1:  # this rank's stage
+        module = PipelineStage(module, StageSpec.of(CFG, parallel.stage, parallel.layout.pp))
     if parallel is not None:
         parallel = dataclasses.replace(parallel, fsdp=fsdp)
         parallelize(module, parallel)
@@ -104,16 +107,26 @@ def worker(rank: int, out_dir: str) -> dict:
     """Both checks in one pair of processes (starting them is most of the time)."""
     tok = tokenizer(out_dir)
     contexts = build_contexts(
-        {"fsdp": Placement(Layout(dp=2), (0, 1)), "tp": Placement(Layout(tp=2), (0, 1))}, rank, "cpu", TIMEOUT
+        {
+            "fsdp": Placement(Layout(dp=2), (0, 1)),
+            "tp": Placement(Layout(tp=2), (0, 1)),
+            "pp": Placement(Layout(pp=2), (0, 1)),
+        },
+        rank,
+        "cpu",
+        TIMEOUT,
     )
     # rank 0's prompts finish after one turn, rank 1's take three
     data = prompts(tok, ["w1 w5", "w1 w6"] if rank == 0 else ["w2 w5", "w3"], first_id=10 * rank)
     return {
         "sharded": rollout(model(contexts["fsdp"], True, tok), data, TurnsByPrompt, max_turns=4),
         "whole": rollout(model(None, False, tok), data, TurnsByPrompt, max_turns=4),
-        "tp": rollout(
-            model(contexts["tp"], False, tok), prompts(tok, ["w2 w5", "w3"], 0), ByProcess, max_turns=3
-        ),
+        **{
+            split: rollout(
+                model(contexts[split], False, tok), prompts(tok, ["w2 w5", "w3"], 0), ByProcess, max_turns=3
+            )
+            for split in ("tp", "pp")
+        },
     }
 
 
@@ -130,7 +143,8 @@ def test_fsdp_ranks_turn_in_lockstep_and_sample_what_one_worker_samples(results)
         assert r["sharded"]["rewards"] == r["whole"]["rewards"]
 
 
-def test_a_tensor_parallel_pair_holds_the_same_trajectories_whatever_its_environments_say(results):
-    a, b = (r["tp"] for r in results)
+@pytest.mark.parametrize("split", ["tp", "pp"])
+def test_a_replica_of_two_ranks_holds_the_same_trajectories_whatever_its_environments_say(results, split):
+    a, b = (r[split] for r in results)
     assert a["turns_mean"] == 3.0
     assert a["ids"] == b["ids"] and a["mask"] == b["mask"] and a["rewards"] == b["rewards"]

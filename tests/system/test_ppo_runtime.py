@@ -69,11 +69,13 @@ def ppo_config(
     allocations: dict | None = None,
     layouts: dict | None = None,
     fsdp: bool = False,
+    n_layers: int = TINY["n_layers"],
     **extra,
 ) -> ExperimentConfig:
     def real(critic: bool) -> ModelAbstraction:
+        config = {**TINY, "n_layers": n_layers}
         return ModelAbstraction(
-            "real_model", {"config": TINY, "is_critic": critic, "tokenizer_path": tokenizer}
+            "real_model", {"config": config, "is_critic": critic, "tokenizer_path": tokenizer}
         )
 
     train = ModelBackendAbstraction("train", {"optimizer": {"lr": 1e-3}, "engine": {"fsdp": fsdp}})
@@ -229,23 +231,28 @@ def test_layouts_that_cannot_work_are_named_before_any_worker_starts(
     assert not os.path.exists(os.path.join(tmp_path, "systest-ppo", "bad", "logs", "model_worker-0.log"))
 
 
-def test_a_worker_killed_during_tensor_parallel_training_stops_the_run(ppo_files, tmp_path):
-    """Its partner waits in a collective; the run still stops at once, naming the dead worker."""
+@pytest.mark.parametrize("split", ["m2", "p2"])
+def test_a_worker_killed_during_tensor_or_pipeline_parallel_training_stops_the_run(
+    ppo_files, tmp_path, split
+):
+    """Its partner waits in a collective (tensor parallel) or for the next stage's activations or
+    gradients (pipeline stages); the run still stops at once, naming the dead worker."""
     import threading
     import time
 
     from realrl.apps.main import ExperimentFailedError
 
     tokenizer, prompts = ppo_files
-    layouts = {"actor": "d1m2p1", "critic": "d1m2p1"}
+    layout = "d1m2p1" if split == "m2" else "d1m1p2"
     cfg = ppo_config(
         tmp_path,
-        "tp-kill",
+        f"{split}-kill",
         tokenizer,
         prompts,
         allocations=TP_LAYOUT,
-        layouts=layouts,
+        layouts={"actor": layout, "critic": layout},
         total_train_epochs=1000,
+        n_layers=2,
     )
     cfg.total_train_steps = None
     killed_at = []

@@ -7,9 +7,9 @@ agents' requests is one generate call, each request sampled under its own key
 (``<sample id>/<answer index>/<completion index>``), so what an agent is answered does not depend on
 which other requests shared its batch.
 
-A tensor-parallel group runs the agents on its first rank only: when the requests of a batch
-arrive depends on the agents' timing, which differs between processes, and every rank of the
-group must run the same generate calls. The first rank sends each batch to the others, which
+A replica of several ranks (tensor-parallel ranks, pipeline stages) runs the agents on its first
+rank only: when the requests of a batch arrive depends on the agents' timing, which differs
+between processes, and every rank of the replica must run the same generate calls. The first rank sends each batch to the others, which
 sample it with it, and at the end the trajectories. FSDP ranks, which must also run the same
 number of generate calls, are refused by ``agent_generate``: each holds its own prompts and
 agents, and nothing makes their batches line up.
@@ -53,7 +53,7 @@ def agent_generate(
             "their own pace, and FSDP ranks must generate in lockstep): give actor_gen a layout without "
             "FSDP, e.g. a per-call layout"
         )
-    group = getattr(parallel, "tp_group", None) if parallel is not None else None
+    group = getattr(parallel, "replica_group", None) if parallel is not None else None
     shared = group is not None and dist.get_world_size(group) > 1
     generate = _batch_generate(model, mb_spec, gconfig)
     if shared and dist.get_rank(group) != 0:
@@ -119,12 +119,12 @@ def _lead(group: Any, generate):
 
 
 def _follow(group: Any, generate) -> tuple[list, dict[str, float]]:
-    """A tensor-parallel follower: sample every batch the first rank sends, until it sends the end."""
+    """A replica's other rank: sample every batch the first rank sends, until it sends the end."""
     while True:
         kind, value = _send(group, None)
         if kind == "generate":
             generate(value)
         elif kind == "error":
-            raise AgentError(f"the agents failed on the tensor-parallel group's first rank: {value}")
+            raise AgentError(f"the agents failed on the replica's first rank: {value}")
         else:
             return value

@@ -10,8 +10,8 @@ itself is ``multi_turn.roll_out``. What this module adds is the engine's side of
   the layout or on how many other trajectories are still running;
 - data-parallel ranks under FSDP turn in lockstep (a rank that is done joins the others'
   weight gathers until every rank is done);
-- a tensor-parallel group's ranks hold the same trajectories: the group's first rank steps the
-  environments and sends the results to the others, so an environment that is not
+- the ranks of a replica (tensor-parallel ranks, pipeline stages) hold the same trajectories: the
+  replica's first rank steps the environments and sends the results to the others, so an environment that is not
   deterministic (a clock, a live tool) cannot make the ranks' trajectories differ, and a user's
   tool is called once per step, not once per rank.
 """
@@ -71,7 +71,7 @@ def env_generate(
         engine_sampler(model, mb_spec, gconfig),
         opts.env_timeout,
         go_on=lambda n: model.module.lockstep_count(n) > 0,
-        step=tensor_parallel_step(model, opts.env_timeout),
+        step=replica_step(model, opts.env_timeout),
     )
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     return pack_trajectories(trajs), rewards, stats
@@ -106,11 +106,12 @@ def engine_sampler(model: Model, mb_spec: MicroBatchSpec, gconfig: GenerationHyp
     return sample
 
 
-def tensor_parallel_step(model: Model, timeout: float):
-    """``step_all`` on the tensor-parallel group's first rank, its results (or its error) sent to
-    the group's other ranks; plain ``step_all`` without tensor parallelism."""
+def replica_step(model: Model, timeout: float):
+    """``step_all`` on the replica's first rank, its results (or its error) sent to the replica's
+    other ranks (tensor-parallel ranks and pipeline stages, which all generate the next turn);
+    plain ``step_all`` for a replica of one rank."""
     parallel = getattr(model.module, "parallel", None)
-    group = getattr(parallel, "tp_group", None) if parallel is not None else None
+    group = getattr(parallel, "replica_group", None) if parallel is not None else None
     if group is None or dist.get_world_size(group) == 1:
         return lambda envs, texts, keys: step_all(envs, texts, keys, timeout)
 

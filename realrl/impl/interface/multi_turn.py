@@ -69,7 +69,7 @@ def roll_out(
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Every trajectory to its end; ``keys[i]`` names trajectory i (errors name it too, and turn
     ``t``'s sampling key is ``f"{keys[i]}/turn{t}"``). ``step`` replaces ``step_all(envs, texts,
-    keys, timeout)`` (a tensor-parallel group steps the environments on one rank and shares
+    keys, timeout)`` (a replica of several ranks steps the environments on one rank and shares
     the results). Returns the trajectories and the call's statistics."""
     step = step or (lambda e, texts, names: step_all(e, texts, names, timeout))
     trajs = [

@@ -47,6 +47,13 @@ class ParallelContext:
     fsdp: bool = False
     expert_parallel: bool = False
     ends_group: dist.ProcessGroup | None = None
+    stages_group: dist.ProcessGroup | None = None  # every rank of this rank's replica (pp x tp)
+
+    @property
+    def replica_group(self) -> dist.ProcessGroup | None:
+        """Every rank of this rank's data-parallel replica (its tensor-parallel ranks of every
+        stage), which all run each call on the same batch; None for a replica of one rank."""
+        return self.stages_group if self.layout.pp > 1 else self.tp_group
 
     @property
     def dp_group(self) -> dist.ProcessGroup | None:
@@ -142,12 +149,15 @@ def build_contexts(
         group = dist.new_group(sorted(placement.workers), timeout=timeout)
         pp_lines = _lines(grid, 0, timeout) if lay.pp > 1 else {}
         dp_lines, tp_lines = _lines(grid, 1, timeout), _lines(grid, 2, timeout)
-        ends = {}
+        ends, replicas = {}, {}
         if lay.pp > 1:  # the first and last stage of each (dp, tp) line: a tied embedding's holders
             ends = {
                 (d, t): dist.new_group([int(grid[0, d, t]), int(grid[-1, d, t])], timeout=timeout)
                 for d in range(lay.dp)
                 for t in range(lay.tp)
+            }
+            replicas = {
+                d: dist.new_group(grid[:, d, :].flatten().tolist(), timeout=timeout) for d in range(lay.dp)
             }
         if me not in placement.workers:
             continue
@@ -161,5 +171,7 @@ def build_contexts(
         else:
             groups, names, mesh_grid = [dp_lines[p, t], tp_lines[p, d]], ("dp", "tp"), grid[0]
         mesh = DeviceMesh.from_group(groups, device_type, mesh=mesh_grid, mesh_dim_names=names)
-        out[role] = ParallelContext(lay, mesh, group, ends_group=ends.get((d, t)))
+        out[role] = ParallelContext(
+            lay, mesh, group, ends_group=ends.get((d, t)), stages_group=replicas.get(d)
+        )
     return out
