@@ -1,6 +1,7 @@
 """Pipeline parallelism's bubble: the share of a step a stage waits, measured against the 1F1B
 schedule's ideal (p - 1) / (m + p - 1), for training and for pipelined generation, and the
-training step's time against the whole model on one process.
+training step's time against the whole model on one process and against the model split over as
+many processes by tensor parallelism (TP = p).
 
     python benchmarks/bench_pipeline.py            # p = 2 over gloo, m = 1, 2, 4, 8 micro-batches
     python benchmarks/bench_pipeline.py --smoke    # tiny sizes: the code path only
@@ -157,15 +158,15 @@ def stage_worker(rank: int, port: int, n_stages: int, args, out_dir: str) -> Non
     dist.destroy_process_group()
 
 
-def one_process_train_seconds(args, m: int) -> float:
-    """The same training pass on the whole model in one process (one thread)."""
-    torch.set_num_threads(1)
+def whole_model_train_seconds(model: torch.nn.Module, args, m: int, group=None) -> float:
+    """The training pass (forward and backward of every micro-batch) on a whole model, or on one
+    tensor-parallel rank of it (``group``: its ranks start together); best of the repeats."""
     cfg = config(args)
-    torch.manual_seed(0)
-    model = ReaLModel(cfg)
     mbs = micro_batches(cfg, m, args.tokens)
     best = float("inf")
     for i in range(args.repeats + 1):
+        if group is not None:
+            dist.barrier(group)
         t = time.perf_counter()
         for mb in mbs:
             out = model(mb.data["packed_input_ids"], mb.cu_seqlens("packed_input_ids"))
@@ -174,6 +175,30 @@ def one_process_train_seconds(args, m: int) -> float:
         if i:
             best = min(best, time.perf_counter() - t)
     return best
+
+
+def one_process_train_seconds(args, m: int) -> float:
+    """The same training pass on the whole model in one process (one thread)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    return whole_model_train_seconds(ReaLModel(config(args)), args, m)
+
+
+def tensor_parallel_worker(rank: int, port: int, n: int, args, out_dir: str) -> None:
+    """The same training pass with the model split over ``n`` tensor-parallel processes."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    torch.manual_seed(0)
+    model = ReaLModel(config(args))
+    apply_tensor_parallel(model, init_device_mesh("cpu", (n,)))
+    group = dist.new_group(list(range(n)))
+    seconds = [whole_model_train_seconds(model, args, m, group) for m in args.mbs]
+    torch.save(seconds, os.path.join(out_dir, f"tp{rank}.pt"))
+    dist.destroy_process_group()
 
 
 def main(argv=None) -> None:
@@ -197,20 +222,30 @@ def main(argv=None) -> None:
     p = args.stages
     mp.spawn(stage_worker, args=(find_free_port(), p, args, out_dir), nprocs=p, join=True)
     per_stage = [torch.load(os.path.join(out_dir, f"stage{s}.pt")) for s in range(p)]
+    mp.spawn(tensor_parallel_worker, args=(find_free_port(), p, args, out_dir), nprocs=p, join=True)
+    tp_seconds = [
+        max(col) for col in zip(*(torch.load(os.path.join(out_dir, f"tp{r}.pt")) for r in range(p)))
+    ]
     print(
         f"p={p} stages of a {args.layers}-layer llama (hidden {args.hidden}), {args.tokens} tokens per "
-        f"micro-batch, {args.new_tokens} decoding steps; best of {args.repeats}, one thread per stage\n"
+        f"micro-batch, {args.new_tokens} decoding steps; best of {args.repeats}, one thread per process\n"
     )
-    print("| m | ideal bubble | training bubble | generation bubble | train step, p=1 s | p=2 s | speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| m | ideal bubble | training bubble | generation bubble | train step, one process s | "
+        f"p={p} s | vs one process | TP={p} s | p={p} vs TP={p} |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, m in enumerate(args.mbs):
         rows = [stage[i] for stage in per_stage]
         ideal = (p - 1) / (m + p - 1)
         train = sum(1 - r["train_busy"] / r["train_wall"] for r in rows) / p
         gen = sum(1 - r["gen_busy"] / r["gen_wall"] for r in rows) / p
         wall = max(r["train_wall"] for r in rows)
-        one = one_process_train_seconds(args, m)
-        print(f"| {m} | {ideal:.2f} | {train:.2f} | {gen:.2f} | {one:.4f} | {wall:.4f} | {one / wall:.2f}x |")
+        one, tp = one_process_train_seconds(args, m), tp_seconds[i]
+        print(
+            f"| {m} | {ideal:.2f} | {train:.2f} | {gen:.2f} | {one:.4f} | {wall:.4f} | {one / wall:.2f}x "
+            f"| {tp:.4f} | {tp / wall:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from realrl.api.core import devices
 from realrl.api.core.layout_fit import check_layouts
 from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
-from realrl.api.quickstart.memory_plan import model_config
+from realrl.api.quickstart.memory_plan import check_fits, model_config, model_configs, plan_memory
 from realrl.apps.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, data_error_message, one_line
 from realrl.apps.signals import exit_code, handlers_kept, interrupted_message, stop_on_signals
 from realrl.base import config_json, logging, network, plugins, private_files
@@ -82,7 +82,8 @@ def run_experiment(
         # a home in its engine's layout (whole experts per rank where asked); copies split experts
         check_layouts({r: ls[:1] for r, ls in layouts.items()}, split, _expert_parallel(config))
         check_layouts({r: ls[1:] for r, ls in layouts.items()}, split)
-    except ValueError as e:  # a layout that cannot split its model: the options are at fault
+        check_memory(config, _smallest_gpu_bytes(config))
+    except ValueError as e:  # a layout that cannot split its model, or fit: the options are at fault
         raise UserError(str(e)) from e
     try:  # the run trusts what it reads back from its folder: nobody else may write there
         private_files.make_private_dirs(config.log_dir, config.fileroot)
@@ -223,14 +224,40 @@ def _expert_parallel(config: ExperimentConfig) -> dict[str, bool]:
     return {role: _engine_option(config, role, "expert_parallel") for role in config.allocations}
 
 
+def check_memory(config: ExperimentConfig, device_bytes: int | None) -> None:
+    """ValueError when the memory plan puts a worker's peak above ``device_bytes`` (None: not
+    checked, e.g. CPU workers, whose memory the plan does not model; nor are runs with a plugin's
+    model type, which the plan cannot count)."""
+    kinds = {spec.model.type_ for spec in config.models.values()}
+    if device_bytes is None or not kinds <= {"real_model", "null"}:
+        return
+    try:
+        check_fits(plan_memory(config, model_configs(config)), device_bytes)
+    except ValueError as e:
+        raise ValueError(
+            f"the memory plan does not fit: {e}; `python -m realrl.apps.plan <experiment> <the same "
+            "options>` prints every role's bytes per device"
+        ) from None
+
+
+def _smallest_gpu_bytes(config: ExperimentConfig) -> int | None:
+    """The memory of the smallest GPU this process sees when the workers run on GPUs (None on
+    CPU workers, or when this process sees no GPU: a Ray driver off the GPU nodes)."""
+    import torch
+
+    if not devices.is_cuda(config.device) or not torch.cuda.is_available():
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+
+
 def _sharded_layouts(config: ExperimentConfig) -> list[str]:
-    """Every layout in which a role's weights are sharded: tensor parallel, or FSDP at its home
-    (a copy in another call's layout is never FSDP)."""
+    """Every layout in which a role's weights are sharded: tensor parallel, pipeline stages, or
+    FSDP at its home (a copy in another call's layout is never FSDP)."""
     out = []
     for role, layouts in sorted(_role_layouts(config).items()):
         fsdp = _engine_option(config, role, "fsdp")
         for i, lay in enumerate(layouts):
-            if lay.tp > 1 or (i == 0 and fsdp and lay.dp > 1):
+            if lay.tp > 1 or lay.pp > 1 or (i == 0 and fsdp and lay.dp > 1):
                 out.append(f"{role} in {lay}")
     return out
 

@@ -136,6 +136,32 @@ def test_inference_weights_in_engine_dtype_and_activation_estimate():
     assert p.roles["ref"].calls == {"ref_inf": 64 * (64 + 2 * (16 + 32 + 16 + 64) + 8 * 32)}
 
 
+def test_pipeline_stages_get_a_row_each_on_their_own_workers():
+    """p2 of the 2-layer model: one block per stage, the embedding on the first, the norm and head
+    on the last, each stage's bytes on its own workers."""
+    p = plan({"actor": spec()}, {"actor": "d1m1p2"}, {"actor": [1, 0]})
+    first, last = p.roles["actor/s0"], p.roles["actor/s1"]
+    assert (first.workers, last.workers) == ((1,), (0,))
+    assert first.params == LAYER + 32 * 8 and last.params == LAYER + 8 + 32 * 8
+    assert first.params + last.params == PARAMS
+    # one layer's KV cache each: 2 (k, v) x 2 kv heads x dim 2 x 2 bytes x 8 sequences x 8 tokens
+    assert first.kv_cache == last.kv_cache == 2 * 2 * 2 * 2 * 8 * 8
+    assert {w.worker: w.roles for w in p.workers} == {0: ("actor/s1",), 1: ("actor/s0",)}
+    one = plan({"actor": spec()}, {"actor": "d1m1p1"}).roles["actor"]
+    assert first.peak < one.peak and last.peak < one.peak
+
+
+def test_a_run_on_gpus_is_refused_before_any_worker_starts_when_the_plan_does_not_fit():
+    """``run_experiment`` checks the plan against the smallest visible GPU's memory."""
+    from realrl.apps.main import check_memory
+
+    e = exp({"actor": spec()}, {"actor": "d1m1p2"})
+    check_memory(e, None)  # CPU workers: not checked
+    check_memory(e, 10**9)
+    with pytest.raises(ValueError, match=r"the memory plan does not fit: worker \d needs .* GiB .*actor/s\d"):
+        check_memory(e, 10_000)
+
+
 def test_colocated_roles_sum_and_offloaded_count_once():
     big = dict(TINY, hidden_dim=256, intermediate_dim=1024)  # frozen models whose weights dominate a call
     models = {

@@ -151,6 +151,13 @@ def test_an_asynchronous_run_resumes_to_the_same_records_and_weights(fileroot):
 
 
 @pytest.mark.slow
+def test_a_pipelined_run_resumes_to_the_same_records_and_weights(fileroot):
+    """SFT on two pipeline stages: each rank's recover point holds its stage's weights and
+    optimizer state (``torch.distributed.checkpoint``), and the final HF folder is gathered."""
+    resumes_exactly("sft", fileroot, ("allocation_mode=d1m1p2",), "pp-")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rw", "dpo", "grpo"])
 def test_other_experiments_resume_to_the_same_records_and_weights(fileroot, name):
     resumes_exactly(name, fileroot)

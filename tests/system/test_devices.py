@@ -118,7 +118,9 @@ def test_sharded_layouts_are_refused_on_shared_gpus():
     from realrl.api.core.devices import check_shared_gpus
 
     shared = local_devices("cuda", n_workers=2, n_gpus=1, colocate=True)
-    with pytest.raises(DeviceAssignmentError, match=r"actor in d1m2p1: tensor parallelism and FSDP"):
+    with pytest.raises(
+        DeviceAssignmentError, match=r"actor in d1m2p1: tensor parallelism, pipeline stages and FSDP"
+    ):
         check_shared_gpus(shared, dist_backend(shared), ["actor in d1m2p1"])
     check_shared_gpus(shared, dist_backend(shared), [])  # d2 replicas share the GPU
     own = local_devices("cuda", n_workers=2, n_gpus=2, colocate=False)
@@ -136,6 +138,8 @@ def test_the_runner_names_every_sharded_layout():
     pair = {"actor": [0, 1], "critic": [0, 1], "reward": [0]}
     cfg = mock_config("/tmp", "t", layouts={"actor": Layout(dp=1, tp=2)}, allocations=pair)
     assert _sharded_layouts(cfg) == ["actor in d1m2p1"]
+    cfg = mock_config("/tmp", "t", layouts={"actor": Layout(pp=2)}, allocations=pair)
+    assert _sharded_layouts(cfg) == ["actor in d1m1p2"]
     cfg = mock_config("/tmp", "t", allocations=pair)
     assert _sharded_layouts(cfg) == []  # d2 replicas
     fsdp = dataclasses.replace(

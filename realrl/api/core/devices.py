@@ -111,17 +111,19 @@ def ray_gpus_per_worker(device: str, n_workers: int, cluster_gpus: float, coloca
 
 
 def check_shared_gpus(devices: list[str], backend: str, sharded: list[str]) -> None:
-    """Refuse layouts that shard a model (tensor parallelism, FSDP) on workers that share GPUs.
+    """Refuse layouts that shard a model (tensor parallelism, pipeline stages, FSDP) on workers
+    that share GPUs.
 
-    Sharded layers gather and scatter CUDA tensors in every forward and backward. NCCL does that
-    but refuses two ranks on one GPU; gloo, the backend of workers that share GPUs, all-reduces
-    and broadcasts CUDA tensors but does not gather or scatter them. Data parallelism (gradients
+    Sharded layers gather and scatter CUDA tensors in every forward and backward, and pipeline
+    stages send them to each other. NCCL does that but refuses two ranks on one GPU; gloo, the
+    backend of workers that share GPUs, all-reduces and broadcasts CUDA tensors but does not
+    gather, scatter, send or receive them. Data parallelism (gradients
     all-reduced through host memory) and reallocation (messages through host memory) still work
     on shared GPUs. ``sharded`` names each such layout ("actor in d1m2p1")."""
     shared = any(is_cuda(d) for d in devices) and backend == GLOO
     if shared and sharded:
         raise DeviceAssignmentError(
-            f"{', '.join(sharded)}: tensor parallelism and FSDP need a GPU per worker (NCCL), but these "
+            f"{', '.join(sharded)}: tensor parallelism, pipeline stages and FSDP need a GPU per worker (NCCL), but these "
             f"workers share GPUs ({', '.join(sorted(set(devices)))}); use data parallelism (d<n>) on "
             "shared GPUs, or more GPUs"
         )

@@ -6,7 +6,10 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
 - weights: fp32 master weights in the train engine, the engine dtype in the inference engine
   (``auto`` = bf16: the plan is for CUDA devices); gradients fp32; AdamW 2 x fp32 per parameter.
 - tp splits attention heads, the MLP and (when divisible) embedding / LM head; norms, row-parallel
-  biases and the critic head are replicated. pp divides the layers (the runtime refuses pp > 1).
+  biases and the critic head are replicated. pp > 1: one row per stage (``role/s<k>``), on that
+  stage's workers, with its blocks (the runtime's balanced split), the embedding on the first and
+  the norm and head on the last; training keeps up to ``p - k`` micro-batches' activations on
+  stage k (1F1B), generation every micro-batch's KV cache at once (they take turns).
 - Mixture of Experts (``param_count.py``): every expert is held (split by tp like the MLP, or
   placed whole with ``engine.expert_parallel``); activations follow a token's top-k experts.
 - ``engine.fsdp`` shards weights, gradients and optimizer state over dp; a call gathers one block
@@ -34,11 +37,11 @@ from typing import Any
 
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout, Placement
-from realrl.api.core.layout_fit import check_tensor_parallel
+from realrl.api.core.layout_fit import check_pipeline, check_tensor_parallel
 from realrl.api.core.lora import adapter_param_count, lora_of
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
-from realrl.api.quickstart.param_count import count_params
+from realrl.api.quickstart.param_count import count_params, stage_layers
 
 GiB = 1024**3
 GEN, INF, TRAIN = ModelInterfaceType.GENERATE, ModelInterfaceType.INFERENCE, ModelInterfaceType.TRAIN_STEP
@@ -157,12 +160,13 @@ def _config_from_folder(path: str) -> ReaLModelConfig:
 
 
 def param_counts(
-    cfg: ReaLModelConfig, tp: int, pp: int = 1, expert_parallel: bool = False
+    cfg: ReaLModelConfig, tp: int, pp: int = 1, expert_parallel: bool = False, stage: int | None = None
 ) -> tuple[int, int]:
     """(parameters per device, parameters of the largest layer) under tensor / pipeline (/ expert)
-    parallelism; ``param_count.count_params`` has the active count too."""
+    parallelism, of pipeline stage ``stage`` (default: the fullest); ``param_count.count_params``
+    has the active count too."""
     check_tensor_parallel(cfg, tp, "tensor parallelism", expert_parallel)
-    counts = count_params(cfg, tp, pp, expert_parallel)
+    counts = count_params(cfg, tp, pp, expert_parallel, stage)
     return counts.total, counts.layer
 
 
@@ -216,24 +220,33 @@ def _layer_token_bytes(cfg: ReaLModelConfig, tp: int, expert_parallel: bool, b: 
 
 
 def _call_bytes(
-    mfc: MFCDef, cfg: ReaLModelConfig, layout: Layout, shape: dict[str, int], engine: str, econf: dict
+    mfc: MFCDef,
+    cfg: ReaLModelConfig,
+    layout: Layout,
+    shape: dict[str, int],
+    engine: str,
+    econf: dict,
+    stage: int = 0,
 ) -> tuple[int, int]:
-    """(KV cache, activation estimate) of one call on one device; see docs/memory_plan.md."""
+    """(KV cache, activation estimate) of one call on one device of pipeline stage ``stage``; see
+    docs/memory_plan.md."""
     b = _DTYPE_BYTES[econf.get("dtype", "auto")]
-    h, tp, ep = cfg.hidden_dim, layout.tp, expert_parallel_of(econf)
+    h, tp, pp, ep = cfg.hidden_dim, layout.tp, layout.pp, expert_parallel_of(econf)
     per_layer = _layer_token_bytes(cfg, tp, ep, b)
-    layers = math.ceil(cfg.n_layers / layout.pp)
-    # the fullest pipeline stage's blocks; one block: the largest
-    stage = max((sum(per_layer[s : s + layers]) for s in range(0, cfg.n_layers, max(layers, 1))), default=0)
+    blocks = stage_layers(cfg, pp)[stage] if cfg.n_layers else range(0)
+    layers = len(blocks)
+    held = sum(per_layer[i] for i in blocks)  # what this stage's blocks keep per token
     layer_tok = max(per_layer, default=0)
-    logits_tok = 0 if cfg.is_critic else 8 * cfg.vocab_size  # fp32 logits (gathered over tp), log-softmax
-    params, _ = param_counts(cfg, tp, layout.pp, ep)
+    last = stage == pp - 1
+    logits_tok = 0 if cfg.is_critic or not last else 8 * cfg.vocab_size  # fp32 logits, log-softmax
+    params, _ = param_counts(cfg, tp, pp, ep, stage)
     n_mbs = mfc.mb_spec.n_mbs
     prompts = math.ceil(math.ceil(shape["n_seqs"] / layout.dp) / n_mbs)
     seqs, seqlen = prompts * shape["n"], shape["prompt_len"] + shape["new_tokens"]
     copy = b * params if engine == "train" and b < 4 else 0  # autocast's cached low-precision weights
     if mfc.interface_type is GEN:
-        kv_cache = 2 * layers * (cfg.n_kv_heads // tp) * cfg.head_dim * b * seqs * seqlen
+        live = n_mbs if pp > 1 else 1  # pipelined, the micro-batches take turns: every cache lives
+        kv_cache = live * 2 * layers * (cfg.n_kv_heads // tp) * cfg.head_dim * b * seqs * seqlen
         return kv_cache, prompts * shape["prompt_len"] * layer_tok + seqs * logits_tok + b * params
     if mfc.interface_type is TRAIN:
         minibatches = _holder(mfc.interface_impl.args, "ppo_n_minibatches").get("ppo_n_minibatches", 1)
@@ -243,16 +256,33 @@ def _call_bytes(
         tokens = min(tokens, max(mfc.mb_spec.max_tokens_per_mb, seqlen))
     if mfc.interface_type is not TRAIN:
         return 0, tokens * (layer_tok + logits_tok) + copy
-    stash = 4 * h * layers + layer_tok if econf.get("gradient_checkpointing") else stage
-    return 0, tokens * (stash + logits_tok) + copy
+    stash = 4 * h * layers + layer_tok if econf.get("gradient_checkpointing") else held
+    in_flight = min(pp - stage, n_mbs)  # 1F1B: stage k holds up to p - k micro-batches' activations
+    return 0, tokens * (in_flight * stash + logits_tok) + copy
+
+
+def role_memories(
+    exp: ExperimentConfig, role: str, cfg: ReaLModelConfig | None, copy: Placement | None = None
+) -> list[RoleMemory]:
+    """``role_memory`` of every pipeline stage of ``role`` at home (or of its ``copy``): one for a
+    layout without pipeline stages."""
+    layout = (copy or exp.placement(role)).layout
+    if layout.pp == 1 or cfg is None:
+        return [role_memory(exp, role, cfg, copy)]
+    return [role_memory(exp, role, cfg, copy, stage) for stage in range(layout.pp)]
 
 
 def role_memory(
-    exp: ExperimentConfig, role: str, cfg: ReaLModelConfig | None, copy: Placement | None = None
+    exp: ExperimentConfig,
+    role: str,
+    cfg: ReaLModelConfig | None,
+    copy: Placement | None = None,
+    stage: int | None = None,
 ) -> RoleMemory:
     """One device's bytes for ``role`` at its home, or for its ``copy`` in another placement (an
     inference-only copy in the engine's dtype, its weights resident only when the role keeps it);
-    ValueError naming the role and layout if it cannot be split."""
+    ``stage``: of that pipeline stage's devices (named ``role/s<stage>``; None: a layout without
+    stages). ValueError naming the role and layout if it cannot be split."""
     spec = exp.models[role]
     placement = copy or exp.placement(role)
     layout, workers, name = (
@@ -260,6 +290,9 @@ def role_memory(
         tuple(placement.workers),
         role if copy is None else f"{role}@{copy}",
     )
+    if stage is not None:
+        workers = tuple(w for r, w in enumerate(placement.workers) if layout.coords(r)[0] == stage)
+        name = f"{name}/s{stage}"
     engine, econf = spec.backend.type_, dict(spec.backend.args.get("engine") or {})
     if cfg is None or engine == "null":
         return RoleMemory(name, layout, workers, "null", spec.offload, *[0] * 7, {})
@@ -270,7 +303,8 @@ def role_memory(
     ep = expert_parallel_of(econf)
     try:
         check_tensor_parallel(cfg, layout.tp, "tensor parallelism", ep)
-        counts = count_params(cfg, layout.tp, layout.pp, ep)
+        check_pipeline(cfg, layout.pp, "pipeline parallelism")
+        counts = count_params(cfg, layout.tp, layout.pp, ep, stage)
     except ValueError as e:
         raise ValueError(f"model {role!r} cannot use layout {layout}: {e}") from None
     params, layer = counts.total, counts.layer
@@ -299,7 +333,7 @@ def role_memory(
     }
     shape, calls, kv_max, act_max, gather_max = batch_shape(exp), {}, 0, 0, 0
     for mfc in (m for m in exp.mfcs if m.role == role and exp.call_placement(m.name) == placement):
-        kv, act = _call_bytes(mfc, cfg, layout, shape, engine, econf)
+        kv, act = _call_bytes(mfc, cfg, layout, shape, engine, econf, stage or 0)
         kv_max, act_max = max(kv_max, kv), max(act_max, act)
         step_grads = grads if mfc.interface_type is TRAIN else 0
         gather = gathered[mfc.interface_type]
@@ -312,11 +346,11 @@ def role_memory(
 def plan_memory(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | None]) -> MemoryPlan:
     """Every role's (and copy's) and every worker's bytes: roles on one worker sum, its largest
     call on top."""
-    roles = {r: role_memory(exp, r, configs.get(r)) for r in sorted(exp.allocations)}
+    roles = {m.role: m for r in sorted(exp.allocations) for m in role_memories(exp, r, configs.get(r))}
     for r in sorted(exp.allocations):
         for copy in exp.copy_placements(r):
-            memory = role_memory(exp, r, configs.get(r), copy)
-            roles[memory.role] = memory
+            for memory in role_memories(exp, r, configs.get(r), copy):
+                roles[memory.role] = memory
     workers = []
     for w in range(exp.n_model_workers):
         here = [m for m in roles.values() if w in m.workers]

@@ -101,15 +101,16 @@ def _ends(cfg: ReaLModelConfig, tp: int, pp: int) -> tuple[int, int]:
     return embed, norm_params(cfg) + head
 
 
-def stage_layers(cfg: ReaLModelConfig, pp: int, tp: int = 1, expert_parallel: bool = False) -> list[range]:
+def stage_layers(cfg: ReaLModelConfig, pp: int) -> list[range]:
     """The blocks of each of ``pp`` pipeline stages: contiguous, at least one each, chosen so the
-    fullest stage holds as few parameters as possible, the embedding counted on the first stage
-    and the final norm and head on the last (exact, by dynamic programming over the cut points)."""
+    fullest stage holds as few of the whole model's parameters as possible, the embedding counted
+    on the first stage and the final norm and head on the last (exact, by dynamic programming over
+    the cut points). The same split whatever the tensor parallelism within the stages."""
     n = cfg.n_layers
     if not 1 <= pp <= n:
         raise ValueError(f"a pipeline of p{pp} stages needs 1 <= p <= the model's {n} layers")
-    held = [block_params(cfg, i, tp, expert_parallel)[0] for i in range(n)]
-    first, last = _ends(cfg, tp, pp)
+    held = [block_params(cfg, i)[0] for i in range(n)]
+    first, last = _ends(cfg, 1, pp)
     prefix = [0]
     for x in held:
         prefix.append(prefix[-1] + x)
@@ -135,23 +136,26 @@ def stage_layers(cfg: ReaLModelConfig, pp: int, tp: int = 1, expert_parallel: bo
     return bounds[::-1]
 
 
-def count_params(cfg: ReaLModelConfig, tp: int = 1, pp: int = 1, expert_parallel: bool = False) -> ParamCount:
+def count_params(
+    cfg: ReaLModelConfig, tp: int = 1, pp: int = 1, expert_parallel: bool = False, stage: int | None = None
+) -> ParamCount:
     """One device's parameters under tensor / pipeline / expert parallelism (``expert_parallel``
-    places whole experts on the ``tp`` ranks). Pipeline stages are ``stage_layers``' balanced
-    split; the fullest stage is counted with what it holds besides its blocks (the embedding on
-    the first, the final norm and head on the last). A tied LM head is counted once on one stage
-    (the last stage of a pipeline holds its own copy); a critic's scalar head is ``hidden + 1``."""
+    places whole experts on the ``tp`` ranks). Pipeline stages are the runtime's split
+    (``stage_layers`` of the whole model); ``stage`` is counted (default: the fullest) with what
+    it holds besides its blocks (the embedding on the first, the final norm and head on the last).
+    A tied LM head is counted once on one stage (the last stage of a pipeline holds its own copy);
+    a critic's scalar head is ``hidden + 1``."""
     blocks = [block_params(cfg, i, tp, expert_parallel) for i in range(cfg.n_layers)]
     first, last = _ends(cfg, tp, pp)
     if cfg.n_layers == 0:
         stages, extras = [range(0)], [first + last]
     else:
-        stages = stage_layers(cfg, pp, tp, expert_parallel)
+        stages = stage_layers(cfg, pp)  # the split the runtime makes (parallel/pipeline.py)
         extras = [
             (first if s == 0 else 0) + (last if s == len(stages) - 1 else 0) for s in range(len(stages))
         ]
     totals = [extra + sum(blocks[i][0] for i in r) for r, extra in zip(stages, extras)]
-    s = max(range(len(stages)), key=totals.__getitem__)
+    s = max(range(len(stages)), key=totals.__getitem__) if stage is None else stage
     return ParamCount(
         total=totals[s],
         active=extras[s] + sum(blocks[i][1] for i in stages[s]),

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from realrl.impl.model.parallel.dtensor import is_dtensor
 
@@ -37,12 +37,18 @@ def full_state_dict(module: torch.nn.Module, keep: bool) -> dict[str, torch.Tens
     return out
 
 
+# the optimizer's state and hyperparameters keyed by parameter name, not by group index: ranks
+# that hold different parameters (pipeline stages) would otherwise write the same keys
+# ("param_groups.0.params"), which DCP saves once, as if every rank held the same
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """This rank's shards of the weights (and optimizer state), as DCP saves and loads them."""
     if optimizer is None:
-        model_sd = get_state_dict(module, [])[0]
+        model_sd = get_state_dict(module, [], options=_OPTIONS)[0]
         return {"model": model_sd}
-    model_sd, optim_sd = get_state_dict(module, optimizer)
+    model_sd, optim_sd = get_state_dict(module, optimizer, options=_OPTIONS)
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -59,6 +65,12 @@ def load_sharded(
     state = sharded_state(module, optimizer)
     dcp.load(state, checkpoint_id=path, process_group=group)
     if optimizer is None:
-        set_state_dict(module, [], model_state_dict=state["model"], optim_state_dict={})
+        set_state_dict(module, [], model_state_dict=state["model"], optim_state_dict={}, options=_OPTIONS)
     else:
-        set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            module,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=_OPTIONS,
+        )
