@@ -1,13 +1,16 @@
-"""The engines on pipeline stages (p2, d1m2p2, and d2m1p2 with FSDP in each stage; 4 gloo
-processes) against the whole model on one process, as a model worker builds them: the checkpoint
-read stage by stage through the model factory, the backends' split, the engines' own calls.
+"""The engines on pipeline stages (every family in p2; d1m2p2, and d2m1p2 with FSDP in each stage;
+4 gloo processes) against the whole model on one process, as a model worker builds them: the
+checkpoint read stage by stage through the model factory, the backends' split, the engines' own
+calls.
 
 Inference (a post-hook's per-token log-probs, micro-batches of different lengths), generation
 (greedy, and sampled with two answers per prompt: the same tokens and log-probs), one training
 step (loss, clipped gradient norm over the stages, the updated weights: a tied embedding's two
 copies included) and the HF save gathered into one ordinary folder all match; every stage reads
 only its own layers' tensors and every rank of a replica returns the same result.
-All cases run in one spawn: starting processes costs more than the models."""
+All cases run in one spawn (starting processes costs more than the models); the families' cases
+run two at a time, on workers 0, 1 and 2, 3.
+"""
 
 from __future__ import annotations
 
@@ -19,12 +22,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from _ranks import TIMEOUT, run_ranks
-from model_fixtures import tiny_config
+from model_fixtures import FAMILIES, make_hf_model, tiny_config
 
 from realrl.api.core.config import ModelName
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.model_api import GenerationHyperparameters
+from realrl.api.quickstart.param_count import stage_layers
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn.factory import make_real_model
@@ -36,10 +40,25 @@ from realrl.impl.model.parallel.mesh import build_contexts
 # tied embedding, q/k norms, a vocabulary that splits over two tp ranks; 5 blocks over 2 stages
 CFG = tiny_config(hf_model_type="qwen3", n_layers=5, tied_embedding=True, qk_layernorm=True)
 OPT = OptimizerConfig(lr=1.0, eps=1.0, weight_decay=0.1, grad_clip=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    folder: str  # "tiny" (CFG's checkpoint) or a family's fixture
+    placement: Placement
+    fsdp: bool = False
+
+
 CASES = {
-    "p2": (Placement(Layout(pp=2), (0, 1)), False),
-    "d1m2p2": (Placement(Layout(tp=2, pp=2), (0, 1, 2, 3)), False),
-    "d2m1p2-fsdp": (Placement(Layout(dp=2, pp=2), (3, 2, 1, 0)), True),  # workers not in rank order
+    **{
+        f"{family}-p2": Case(family, Placement(Layout(pp=2), (0, 1) if i % 2 == 0 else (2, 3)))
+        for i, family in enumerate(FAMILIES)
+    },
+    "p2": Case("tiny", Placement(Layout(pp=2), (0, 1))),
+    "d1m2p2": Case("tiny", Placement(Layout(tp=2, pp=2), (0, 1, 2, 3))),
+    "d2m1p2-fsdp": Case(
+        "tiny", Placement(Layout(dp=2, pp=2), (3, 2, 1, 0)), fsdp=True
+    ),  # workers out of order
 }
 LENGTHS = [[5, 9, 3], [7, 4, 10, 6]]  # dp rank d's sequences
 EOS = types.SimpleNamespace(eos_token_id=[3, 7])
@@ -49,10 +68,10 @@ GCONFIGS = {
 }
 
 
-def batch(d: int, key: str = "packed_input_ids") -> SequenceSample:
+def batch(d: int, vocab: int, key: str = "packed_input_ids") -> SequenceSample:
     g = torch.Generator().manual_seed(10 + d)
     lens = LENGTHS[d]
-    ids = torch.randint(8, CFG.vocab_size, (sum(lens),), generator=g)
+    ids = torch.randint(8, vocab, (sum(lens),), generator=g)
     return SequenceSample.from_default(
         ids=[f"d{d}i{i}" for i in range(len(lens))], seqlens=lens, data={key: ids}
     )
@@ -63,7 +82,7 @@ def token_loss(out: torch.Tensor, mb: SequenceSample) -> tuple[torch.Tensor, dic
     keep = torch.ones(len(ids) - 1, dtype=torch.bool)
     keep[torch.tensor(cu[1:-1], dtype=torch.long) - 1] = False
     per_token = -torch.log_softmax(out.float()[:-1], -1).gather(-1, ids[1:, None])[:, 0]
-    return (per_token * keep).sum() / keep.sum(), {"loss_max": float(per_token.max())}
+    return (per_token * keep).sum() / keep.sum(), {"loss_max": float(per_token.detach().max())}
 
 
 def loss_weight(mb: SequenceSample) -> float:
@@ -82,41 +101,19 @@ def whole(t: torch.Tensor) -> torch.Tensor:
 
 def calls(engine: TrainEngine, d: int) -> dict:
     """What one replica's engine returns for dp rank ``d``'s data."""
-    out = {"logp": engine.forward(batch(d), MicroBatchSpec(n_mbs=2), post_hook=next_token_logp)}
+    vocab = engine.module.config.vocab_size
+    out = {"logp": engine.forward(batch(d, vocab), MicroBatchSpec(n_mbs=2), post_hook=next_token_logp)}
     for name, g in GCONFIGS.items():
         torch.manual_seed(5)  # the call's base seed, drawn alike on every rank and the reference
-        gen = engine.generate(batch(d, "packed_prompts"), MicroBatchSpec(n_mbs=2), EOS, g)
+        gen = engine.generate(batch(d, vocab, "packed_prompts"), MicroBatchSpec(n_mbs=2), EOS, g)
         out[name] = (gen.sequences.clone(), gen.logprobs.clone(), list(gen.seqlens))
     engine.optimizer.zero_grad(set_to_none=True)
     mb_spec = MicroBatchSpec(n_mbs=3 - d)  # the dp ranks run different numbers of micro-batches
-    stats = engine.accumulate_gradients(batch(d), mb_spec, token_loss, loss_weight)
+    stats = engine.accumulate_gradients(batch(d, vocab), mb_spec, token_loss, loss_weight)
     stats.update(engine.optimizer_step())
     out["stats"] = stats
     out["weights"] = {n: whole(p) for n, p in engine.module.named_parameters()}
     return out
-
-
-def run_case(rank: int, name: str, ctx, fsdp: bool, folder: str, out_dir: str) -> dict:
-    model = make_real_model(ModelName("actor"), path=folder, parallel=ctx)
-    read = model.module.checkpoint_bytes_read
-    ctx = dataclasses.replace(ctx, fsdp=fsdp)
-    parallelize(model.module, ctx)
-    engine = TrainEngine(model.module, OPT, EngineConfig(fsdp=fsdp), parallel=ctx)
-    d = ctx.coords[1]
-    got = calls(engine, d)
-    saved = os.path.join(out_dir, name)
-    engine.save_pretrained(saved)
-    dist.barrier(group=ctx.model_group)
-    return {
-        "dp": d,
-        "stage": ctx.stage,
-        "bytes_read": read,
-        "layers": sorted(
-            {n.split(".")[1] for n, _ in engine.module.named_parameters() if n.startswith("layers.")}
-        ),
-        "got": got,
-        "saved": {n: p.detach().clone() for n, p in ReaLModel.from_pretrained(saved).state_dict().items()},
-    }
 
 
 def reference(folder: str) -> dict:
@@ -124,53 +121,99 @@ def reference(folder: str) -> dict:
     out = {}
     for d in (0, 1):
         engine = TrainEngine(ReaLModel.from_pretrained(folder), OPT, EngineConfig())
-        out[d] = calls(engine, d)  # its step is this dp rank's batch alone (p2 and d1m2p2)
+        out[d] = calls(engine, d)  # its step is this dp rank's batch alone (the d1 layouts')
     engine = TrainEngine(ReaLModel.from_pretrained(folder), OPT, EngineConfig())
+    cfg = engine.module.config
     engine.optimizer.zero_grad(set_to_none=True)
-    global_batch = SequenceSample.gather([batch(0), batch(1)])
+    global_batch = SequenceSample.gather([batch(0, cfg.vocab_size), batch(1, cfg.vocab_size)])
     stats = engine.accumulate_gradients(global_batch, MicroBatchSpec(), token_loss, loss_weight)
     stats.update(engine.optimizer_step())
     out["global"] = {"stats": stats, "weights": {n: whole(p) for n, p in engine.module.named_parameters()}}
     out["state_dict"] = {n: p.detach().clone() for n, p in engine.module.state_dict().items()}
     out["whole_bytes"] = os.path.getsize(os.path.join(folder, "model.safetensors"))
+    out["layers"] = [[str(i) for i in r] for r in stage_layers(cfg, 2)]
     return out
 
 
-def worker(rank: int, folder: str, out_dir: str) -> dict:
-    contexts = {
-        name: build_contexts({"m": placement}, rank, "cpu", TIMEOUT).get("m")
-        for name, (placement, _) in CASES.items()
+def run_case(rank: int, name: str, ctx, folder: str, out_dir: str) -> dict:
+    """This rank's stage's results; the case's first worker adds the whole model's."""
+    case = CASES[name]
+    ref = reference(folder) if rank == case.placement.workers[0] else None
+    model = make_real_model(ModelName("actor"), path=folder, parallel=ctx)
+    read = model.module.checkpoint_bytes_read
+    ctx = dataclasses.replace(ctx, fsdp=case.fsdp)
+    parallelize(model.module, ctx)
+    engine = TrainEngine(model.module, OPT, EngineConfig(fsdp=case.fsdp), parallel=ctx)
+    d = ctx.coords[1]
+    got = calls(engine, d)
+    saved = os.path.join(out_dir, name)
+    engine.save_pretrained(saved)
+    dist.barrier(group=ctx.model_group)
+    layers = {n.split(".")[1] for n, _ in engine.module.named_parameters() if n.startswith("layers.")}
+    return {
+        "reference": ref,
+        "dp": d,
+        "stage": ctx.stage,
+        "bytes_read": read,
+        "layers": sorted(layers, key=int),
+        "got": got,
+        "saved": {n: p.detach().clone() for n, p in ReaLModel.from_pretrained(saved).state_dict().items()},
     }
-    out = {"reference": reference(folder) if rank == 0 else None}
-    for name, (_, fsdp) in CASES.items():
-        if contexts[name] is not None:
-            out[name] = run_case(rank, name, contexts[name], fsdp, folder, out_dir)
-    return out
+
+
+def worker(rank: int, folders: str, out_dir: str) -> dict:
+    # every case's groups, made by every rank in one order (creating a group is collective)
+    contexts = {
+        name: build_contexts({"m": c.placement}, rank, "cpu", TIMEOUT).get("m") for name, c in CASES.items()
+    }
+    return {
+        name: run_case(rank, name, contexts[name], os.path.join(folders, case.folder), out_dir)
+        for name, case in CASES.items()
+        if contexts[name] is not None
+    }
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hf") / "qwen3"
+    folders = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
-    ReaLModel(CFG).save_pretrained(str(folder))
+    ReaLModel(CFG).save_pretrained(str(folders / "tiny"))
+    for family in FAMILIES:
+        make_hf_model(family).save_pretrained(folders / family)
     out_dir = tmp_path_factory.mktemp("saved")
-    return run_ranks(worker, tmp_path_factory.mktemp("pp"), str(folder), str(out_dir), n=4)
+    return run_ranks(worker, tmp_path_factory.mktemp("pp"), str(folders), str(out_dir), n=4)
 
 
 def ranks_of(results, name):
     return [r[name] for r in results if name in r]
 
 
+def reference_of(results, name):
+    return next(r["reference"] for r in ranks_of(results, name) if r["reference"] is not None)
+
+
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
     return a.shape == b.shape and float((a - b).abs().max()) <= tol * (1.0 + float(b.abs().max()))
 
 
+def expected_step(ref, name):
+    """The d1 layouts train on dp rank 0's batch; d2 on both: the global batch."""
+    return ref["global"] if name.startswith("d2") else ref[0]
+
+
+def same_weight(got: dict, want: dict) -> list[str]:
+    """Names whose tensors differ (a last stage's copy of a tied embedding is the embedding)."""
+    return [n for n, w in got.items() if not close(w, want[n if n in want else "embed.wte.weight"])]
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_stage_reads_only_its_layers(results, name):
-    ref = results[0]["reference"]
-    ranks = ranks_of(results, name)
-    by_stage = {r["stage"]: r["layers"] for r in ranks}
-    assert by_stage == {0: ["0", "1", "2"], 1: ["3", "4"]}  # balanced by parameters, embedding counted
+    ref, ranks = reference_of(results, name), ranks_of(results, name)
+    assert {r["stage"]: r["layers"] for r in ranks} == dict(enumerate(ref["layers"]))
+    if name == "p2":  # balanced by parameters, the embedding and the head counted
+        assert ref["layers"] == [["0", "1", "2"], ["3", "4"]]
+    if CASES[name].folder == "gpt2":
+        return  # its fused, transposed projections are read whole and converted
     for r in ranks:
         assert 0 < r["bytes_read"] < 0.8 * ref["whole_bytes"], (
             r["stage"],
@@ -181,7 +224,7 @@ def test_every_stage_reads_only_its_layers(results, name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_inference_and_generation_equal_the_whole_models(results, name):
-    ref = results[0]["reference"]
+    ref = reference_of(results, name)
     for r in ranks_of(results, name):  # every rank of a replica returns the replica's result
         want = ref[r["dp"]]
         assert close(r["got"]["logp"], want["logp"])
@@ -193,28 +236,24 @@ def test_inference_and_generation_equal_the_whole_models(results, name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_training_step_equals_the_whole_models(results, name):
-    ref = results[0]["reference"]
-    ranks = ranks_of(results, name)
+    ref, ranks = reference_of(results, name), ranks_of(results, name)
+    want = expected_step(ref, name)
     for r in ranks:
-        # p2 and d1m2p2 train on dp rank 0's batch; d2 on both: the global batch
-        want = ref["global"] if name.startswith("d2") else ref[0]
         stats = r["got"]["stats"]
         assert stats["grad_norm"] == pytest.approx(want["stats"]["grad_norm"], rel=1e-5)
         assert stats["grad_norm"] > OPT.grad_clip  # the step clipped
         if not name.startswith("d2"):
             assert stats["loss"] == pytest.approx(want["stats"]["loss"], rel=1e-5)
             assert stats["loss_max"] == pytest.approx(want["stats"]["loss_max"], rel=1e-5)
-        for n, w in r["got"]["weights"].items():
-            assert close(w, want["weights"]["embed.wte.weight" if n == "head.weight" else n]), n
-    stage_names = [set(r["got"]["weights"]) for r in ranks]
-    assert set().union(*stage_names) == set(ref[0]["weights"]) | {"head.weight"}
+        assert same_weight(r["got"]["weights"], want["weights"]) == []
+    held = set().union(*(r["got"]["weights"] for r in ranks))
+    assert held - {"head.weight"} == set(want["weights"]) - {"head.weight"} and "head.weight" in held
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_hf_save_is_one_ordinary_folder_of_the_trained_weights(results, name):
-    ref = results[0]["reference"]
-    want = ref["global"] if name.startswith("d2") else ref[0]
+    ref = reference_of(results, name)
+    want = expected_step(ref, name)
     for r in ranks_of(results, name):
         assert set(r["saved"]) == set(ref["state_dict"])
-        for n, w in r["saved"].items():
-            assert close(w, want["weights"]["embed.wte.weight" if n == "head.weight" else n]), n
+        assert same_weight(r["saved"], want["weights"]) == []
