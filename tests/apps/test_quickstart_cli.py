@@ -208,14 +208,16 @@ def test_manual_layouts_from_the_command_line(tmp_path):
 
 
 def test_pipeline_layouts_place_stages_and_refuse_what_they_cannot_do(tmp_path):
+    """Whole-run and per-call layouts with stages set up; pipelined partial rollouts are refused."""
     cfg = build_config("ppo", [f"fileroot={tmp_path}", "allocation_mode=d1m1p2"])
     exp = cfg.initial_setup()
     assert str(exp.layouts["actor"]) == "d1m1p2" and exp.allocations["actor"] == [0, 1]
     per_call = 'allocation_mode="actor_train:d1m1p2,actor_gen:d2m1p1,*:d1m1p1"'
-    cfg = build_config("ppo", [f"fileroot={tmp_path}", per_call])
-    with pytest.raises(
-        ValueError, match=r"moving weights to or from pipeline stages \(p > 1\) is not built yet"
-    ):
+    exp = build_config("ppo", [f"fileroot={tmp_path}", per_call]).initial_setup()
+    assert str(exp.layouts["actor"]) == "d1m1p2" and str(exp.mfc_placements["actor_gen"]) == "d2m1p1@0,1"
+    pieces = ["async_rl.enabled=true", "async_rl.partial_rollout=true"]
+    cfg = build_config("ppo", [f"fileroot={tmp_path}", "allocation_mode=d1m1p2", *pieces])
+    with pytest.raises(ValueError, match=r"MFC 'actor_gen' generates in d1m1p2 and async_rl.partial_rollout"):
         cfg.initial_setup()
 
 

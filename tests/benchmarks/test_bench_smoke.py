@@ -108,9 +108,10 @@ def test_bench_tp(tmp_path):
 def test_bench_pipeline(tmp_path):
     out = run_bench("bench_pipeline.py", tmp_path)
     for m, ideal in ((1, "0.50"), (2, "0.33")):
-        ((_, ideal_cell, train, gen, one, two, ratio),) = table_rows(out, str(m))
+        ((_, ideal_cell, train, gen, one, two, ratio, tp, vs_tp),) = table_rows(out, str(m))
         assert ideal_cell == ideal, out  # (p - 1) / (m + p - 1) with p = 2
-        assert all(is_number(c) for c in (train, gen, one, two)) and is_number(ratio.removesuffix("x")), out
+        assert all(is_number(c) for c in (train, gen, one, two, tp)), out
+        assert is_number(ratio.removesuffix("x")) and is_number(vs_tp.removesuffix("x")), out
 
 
 def test_bench_moe(tmp_path):

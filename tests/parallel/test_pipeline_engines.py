@@ -1,7 +1,7 @@
-"""The engines on pipeline stages (every family in p2; d1m2p2, and d2m1p2 with FSDP in each stage;
-4 gloo processes) against the whole model on one process, as a model worker builds them: the
-checkpoint read stage by stage through the model factory, the backends' split, the engines' own
-calls.
+"""The engines on pipeline stages (every family in p2, Mixture-of-Experts ones included, and a
+sparse model in p3; d1m2p2, and d2m1p2 with FSDP in each stage; 4 gloo processes) against the
+whole model on one process, as a model worker builds them: the checkpoint read stage by stage
+through the model factory, the backends' split, the engines' own calls.
 
 Inference (a post-hook's per-token log-probs, micro-batches of different lengths), generation
 (greedy, and sampled with two answers per prompt: the same tokens and log-probs), one training
@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _ranks import TIMEOUT, run_ranks
-from model_fixtures import FAMILIES, make_hf_model, tiny_config
+from model_fixtures import FAMILIES, MOE_HF_CONFIGS, make_hf_model, tiny_config
 
 from realrl.api.core.config import ModelName
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
@@ -32,6 +32,7 @@ from realrl.api.quickstart.param_count import stage_layers
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn.factory import make_real_model
+from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.parallel.apply import parallelize
 from realrl.impl.model.parallel.dtensor import is_dtensor
@@ -39,6 +40,19 @@ from realrl.impl.model.parallel.mesh import build_contexts
 
 # tied embedding, q/k norms, a vocabulary that splits over two tp ranks; 5 blocks over 2 stages
 CFG = tiny_config(hf_model_type="qwen3", n_layers=5, tied_embedding=True, qk_layernorm=True)
+# sparse blocks 1 and 3 of 4 over 3 stages: the middle stage relays the first's routing records;
+# a large load-balancing weight, so a lost record would show in the loss and the gradients
+MOE_CFG = tiny_config(
+    hf_model_type="qwen3_moe",
+    n_layers=4,
+    n_experts=4,
+    n_experts_per_tok=2,
+    moe_intermediate_dim=24,
+    decoder_sparse_step=2,
+    qk_layernorm=True,
+    router_aux_loss_coef=0.5,
+)
+FAMILIES_WITH_MOE = [*FAMILIES, *sorted(MOE_HF_CONFIGS)]
 OPT = OptimizerConfig(lr=1.0, eps=1.0, weight_decay=0.1, grad_clip=1.0)
 
 
@@ -52,8 +66,9 @@ class Case:
 CASES = {
     **{
         f"{family}-p2": Case(family, Placement(Layout(pp=2), (0, 1) if i % 2 == 0 else (2, 3)))
-        for i, family in enumerate(FAMILIES)
+        for i, family in enumerate(FAMILIES_WITH_MOE)
     },
+    "moe-p3": Case("tiny_moe", Placement(Layout(pp=3), (0, 1, 2))),
     "p2": Case("tiny", Placement(Layout(pp=2), (0, 1))),
     "d1m2p2": Case("tiny", Placement(Layout(tp=2, pp=2), (0, 1, 2, 3))),
     "d2m1p2-fsdp": Case(
@@ -82,7 +97,9 @@ def token_loss(out: torch.Tensor, mb: SequenceSample) -> tuple[torch.Tensor, dic
     keep = torch.ones(len(ids) - 1, dtype=torch.bool)
     keep[torch.tensor(cu[1:-1], dtype=torch.long) - 1] = False
     per_token = -torch.log_softmax(out.float()[:-1], -1).gather(-1, ids[1:, None])[:, 0]
-    return (per_token * keep).sum() / keep.sum(), {"loss_max": float(per_token.detach().max())}
+    loss = (per_token * keep).sum() / keep.sum()
+    # a sparse model's load-balancing term over every block (the output carries the routing)
+    return add_router_aux_loss(loss, {"loss_max": float(per_token.detach().max())}, out)
 
 
 def loss_weight(mb: SequenceSample) -> float:
@@ -131,7 +148,9 @@ def reference(folder: str) -> dict:
     out["global"] = {"stats": stats, "weights": {n: whole(p) for n, p in engine.module.named_parameters()}}
     out["state_dict"] = {n: p.detach().clone() for n, p in engine.module.state_dict().items()}
     out["whole_bytes"] = os.path.getsize(os.path.join(folder, "model.safetensors"))
-    out["layers"] = [[str(i) for i in r] for r in stage_layers(cfg, 2)]
+    out["layers"] = {
+        p: [[str(i) for i in r] for r in stage_layers(cfg, p)] for p in (2, 3) if p <= cfg.n_layers
+    }
     return out
 
 
@@ -178,7 +197,8 @@ def results(tmp_path_factory):
     folders = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
     ReaLModel(CFG).save_pretrained(str(folders / "tiny"))
-    for family in FAMILIES:
+    ReaLModel(MOE_CFG).save_pretrained(str(folders / "tiny_moe"))
+    for family in FAMILIES_WITH_MOE:
         make_hf_model(family).save_pretrained(folders / family)
     out_dir = tmp_path_factory.mktemp("saved")
     return run_ranks(worker, tmp_path_factory.mktemp("pp"), str(folders), str(out_dir), n=4)
@@ -209,9 +229,10 @@ def same_weight(got: dict, want: dict) -> list[str]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_stage_reads_only_its_layers(results, name):
     ref, ranks = reference_of(results, name), ranks_of(results, name)
-    assert {r["stage"]: r["layers"] for r in ranks} == dict(enumerate(ref["layers"]))
+    split = ref["layers"][CASES[name].placement.layout.pp]
+    assert {r["stage"]: r["layers"] for r in ranks} == dict(enumerate(split))
     if name == "p2":  # balanced by parameters, the embedding and the head counted
-        assert ref["layers"] == [["0", "1", "2"], ["3", "4"]]
+        assert split == [["0", "1", "2"], ["3", "4"]]
     if CASES[name].folder == "gpt2":
         return  # its fused, transposed projections are read whole and converted
     for r in ranks:

@@ -213,6 +213,7 @@ def test_fsdp_ppo_matches_replicated_data_parallel_and_saves_shards(ppo_files, t
             r"model 'actor' in layout d1m4p1: tensor-parallel size m4 does not divide the model's 2 query heads",
         ),
         (TWO_WORKERS, {"actor": "d1m4p1"}, r"model 'actor': layout d1m4p1 has 4 ranks but 2 workers"),
+        (TWO_WORKERS, {"actor": "d1m2p2"}, r"model 'actor': layout d1m2p2 has 4 ranks but 2 workers"),
         (
             TWO_WORKERS,
             {"actor": "d1m1p2"},

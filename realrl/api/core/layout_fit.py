@@ -87,8 +87,3 @@ def check_pipeline(cfg: ReaLModelConfig, pp: int, where: str) -> None:
             f"{where}: {pp} pipeline stages need at least one block each, and the model has "
             f"{cfg.n_layers} (n_layers); choose p <= {cfg.n_layers}"
         )
-    if cfg.n_experts:
-        raise ValueError(
-            f"{where}: pipeline stages of a Mixture-of-Experts model are not built yet; split it with "
-            "tensor or expert parallelism (m) and FSDP instead"
-        )

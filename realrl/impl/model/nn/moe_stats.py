@@ -15,7 +15,8 @@ batches hold no padding, so every token counts (transformers masks its padding i
 How it travels: a packed forward that records gradients hands its sparse blocks a ``RouterLog``
 (on the attention context every block already receives); each block records its router
 probabilities and choices; ``ReaLModel.forward`` attaches the resulting ``RouterStats`` to the
-tensor it returns. Its value is the logits as before (a dense model's output is untouched), and a
+tensor it returns. Pipeline stages send their blocks' records on with the activations (``pack``,
+``extend``), so the last stage's output carries the statistics of every block. Its value is the logits as before (a dense model's output is untouched), and a
 loss function adds ``coef * aux`` with ``add_router_aux_loss``: the interface decides where the
 term enters (before PPO's early stop zeroes a micro-batch, for one).
 """
@@ -82,6 +83,23 @@ class RouterLog:
         self.counts.append(counts.detach().float())
         self.prob_sums.append(prob_sum)
         self.n_tokens.append(n)
+
+    def pack(self) -> torch.Tensor:
+        """Every block's record as one ``[blocks, 2 E + 1]`` tensor (counts, probability sums,
+        tokens), what a pipeline stage sends the next so the last can take the loss over every
+        block; differentiable through the probability sums."""
+        return torch.cat(
+            [torch.stack(self.counts), torch.stack(self.prob_sums), torch.stack(self.n_tokens)[:, None]],
+            dim=1,
+        )
+
+    def extend(self, packed: torch.Tensor) -> None:
+        """Add the records of ``pack()``'s tensor (earlier stages' blocks) to this log."""
+        e = self.n_experts
+        for row in packed:
+            self.counts.append(row[:e].detach())
+            self.prob_sums.append(row[e : 2 * e])
+            self.n_tokens.append(row[2 * e].detach())
 
     def stats(self, coef: float) -> RouterStats | None:
         """None when no sparse block recorded anything."""

@@ -35,6 +35,7 @@ from realrl.api.core.data_api import SequenceSample
 from realrl.api.quickstart.param_count import stage_layers
 from realrl.impl.model.modules.attention import PackedMeta, activation_dtype, resolve_attn_impl
 from realrl.impl.model.modules.kv_cache import PackedContext
+from realrl.impl.model.nn.moe_stats import RouterLog, attach_router_stats
 from realrl.impl.model.nn.real_model import reset_critic_head
 
 INPUT_KEY = "packed_input_ids"
@@ -88,8 +89,6 @@ class PipelineStage(nn.Module):
     def __init__(self, model: nn.Module, spec: StageSpec):
         super().__init__()
         cfg = model.config
-        if cfg.n_experts:
-            raise NotImplementedError("pipeline stages of a Mixture-of-Experts model are not built yet")
         self.config, self.spec = cfg, spec
         self.embed = model.embed if spec.first else None
         # keyed by the block's index in the whole model: parameter names are the whole model's
@@ -153,7 +152,7 @@ class PipelineStage(nn.Module):
 
     def save_pretrained(self, save_dir: str, tokenizer: Any = None, state_dict: dict | None = None) -> None:
         """An ordinary HF folder from ``state_dict``: the whole model's weights, gathered from
-        every stage (``pipeline_state.gather_stages``)."""
+        every stage (``PipelineRun.gather_stages``)."""
         from realrl.impl.model.nn.hf_io import save_pretrained
 
         if state_dict is None:
@@ -164,7 +163,9 @@ class PipelineStage(nn.Module):
         meta = PackedMeta.from_cu_seqlens(cu_seqlens, input_ids.shape[0])
         dtype = activation_dtype(self.dtype, input_ids.device)
         impl = resolve_attn_impl(self.requested_attn_impl, input_ids.device.type, dtype)
-        return PackedContext(meta, impl, self.config.attn_pdrop if self.training else 0.0)
+        ctx = PackedContext(meta, impl, self.config.attn_pdrop if self.training else 0.0)
+        ctx.router_log = RouterLog(self.config.n_experts) if self.routes() else None
+        return ctx
 
     def forward(
         self,
@@ -172,16 +173,38 @@ class PipelineStage(nn.Module):
         cu_seqlens: torch.Tensor,
         hidden: torch.Tensor | None = None,
         output_index: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        routed: torch.Tensor | None = None,
+        with_routing: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         """``input_ids`` and ``cu_seqlens`` describe the micro-batch (every stage has them);
-        ``hidden``: the previous stage's output (None on the first stage)."""
+        ``hidden``: the previous stage's output (None on the first stage). A Mixture-of-Experts
+        model's training forward also carries the sparse blocks' routing records: ``routed``, the
+        earlier stages' (``RouterLog.pack``); ``with_routing``: return ``(output, records so far)``
+        (None without routing), which the next stage receives. The last stage's output carries the
+        routing statistics of every block, as a whole model's does."""
         ctx = self.context(input_ids, cu_seqlens)
+        log = ctx.router_log
+        if log is not None and routed is not None:
+            log.extend(routed)
         x = self.blocks(input_ids if self.spec.first else hidden, ctx)
-        if not self.spec.last:
+        if self.spec.last:
+            if output_index is not None:
+                x = x[output_index.to(device=x.device, dtype=torch.long)]
+            x = self.outputs(x)
+            if log is not None:
+                attach_router_stats(x, log.stats(self.config.router_aux_loss_coef))
+        if not with_routing:
             return x
-        if output_index is not None:
-            x = x[output_index.to(device=x.device, dtype=torch.long)]
-        return self.outputs(x)
+        return x, (log.pack() if log is not None and log.counts and not self.spec.last else None)
+
+    def routes(self) -> bool:
+        """Whether this forward records routing: a Mixture-of-Experts model, gradients on."""
+        return bool(self.config.n_experts and self.config.moe_layers) and torch.is_grad_enabled()
+
+    def sparse_blocks_through(self, stage: int) -> int:
+        """How many sparse blocks stages 0..``stage`` hold: the rows of their routing records."""
+        layers = stage_layers(self.config, self.spec.n_stages)
+        return sum(self.config.is_moe_layer(i) for r in layers[: stage + 1] for i in r)
 
     def blocks(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
         """The embedding (first stage: ``x`` holds token ids) and this stage's blocks, under an
@@ -199,6 +222,9 @@ class PipelineStage(nn.Module):
         """The last stage's final norm and head: logits (a critic's values)."""
         out = self.head(self.final_ln(x))
         return out.squeeze(-1) if self.config.is_critic else out
+
+
+Message = tuple[tuple[int, ...], torch.dtype]  # what a receive expects: shape and dtype
 
 
 @dataclasses.dataclass
@@ -223,20 +249,21 @@ class StageLinks:
     def _peer(self, offset: int) -> int:
         return self.peer(self.spec.stage + offset)
 
-    def _buffer(self, n_tokens: int) -> torch.Tensor:
-        return torch.empty(n_tokens, self.hidden_dim, dtype=self.dtype, device=self.device)
+    def activations(self, n_tokens: int) -> Message:
+        """The message of ``n_tokens`` tokens' activations (or their gradient)."""
+        return (n_tokens, self.hidden_dim), self.dtype
 
     def exchange(
-        self, sends: list[tuple[torch.Tensor, int]], receives: list[tuple[int, int]]
+        self, sends: list[tuple[torch.Tensor, int]], receives: list[tuple[Message | int, int]]
     ) -> list[torch.Tensor]:
-        """Post every send (tensor, stage offset) and receive (tokens, stage offset) at once, wait
-        for all, return the received tensors in order."""
+        """Post every send (tensor, stage offset) and receive (message, stage offset; a number of
+        tokens: their activations) at once, wait for all, return the received tensors in order."""
         ops, out = [], []
         for tensor, offset in sends:
-            wire = tensor.detach().to(self.dtype).contiguous()
-            ops.append(dist.P2POp(dist.isend, wire, self._peer(offset), self.group))
-        for n_tokens, offset in receives:
-            buf = self._buffer(n_tokens)
+            ops.append(dist.P2POp(dist.isend, tensor.detach().contiguous(), self._peer(offset), self.group))
+        for message, offset in receives:
+            shape, dtype = self.activations(message) if isinstance(message, int) else message
+            buf = torch.empty(shape, dtype=dtype, device=self.device)
             ops.append(dist.P2POp(dist.irecv, buf, self._peer(offset), self.group))
             out.append(buf)
         if ops:
@@ -250,12 +277,16 @@ def _tokens(mb: SequenceSample) -> int:
 
 
 def _forward(
-    stage: PipelineStage, mb: SequenceSample, hidden: torch.Tensor | None, output_index_fn
-) -> torch.Tensor:
+    stage: PipelineStage,
+    mb: SequenceSample,
+    hidden: torch.Tensor | None,
+    output_index_fn,
+    routed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     ids = mb.data[INPUT_KEY]
     cu = mb.cu_seqlens(INPUT_KEY).to(ids.device)
     index = output_index_fn(mb) if (output_index_fn is not None and stage.spec.last) else None
-    return stage(ids, cu, hidden, index)
+    return stage(ids, cu, hidden, index, routed, with_routing=True)
 
 
 def forward_only(
@@ -268,11 +299,11 @@ def forward_only(
     with torch.no_grad():
         for mb in mbs:
             hidden = None if spec.first else links.exchange([], [(_tokens(mb), -1)])[0]
-            out = _forward(stage, mb, hidden, output_index_fn)
+            out, _ = _forward(stage, mb, hidden, output_index_fn)
             if spec.last:
                 outs.append(out)
             else:
-                links.exchange([(out, +1)], [])
+                links.exchange([(out.to(links.dtype), +1)], [])
     return outs
 
 
@@ -281,8 +312,8 @@ class _Live:
     """A micro-batch between its forward and its backward on this stage."""
 
     index: int
-    inputs: torch.Tensor | None  # the received activations (None on the first stage)
-    outputs: torch.Tensor  # this stage's output, or the scaled loss on the last stage
+    inputs: list[torch.Tensor]  # what it received (activations, routing records), leaves
+    outputs: list[torch.Tensor]  # what it sent on (activations, routing records), or the scaled loss
 
 
 def train_1f1b(
@@ -296,69 +327,93 @@ def train_1f1b(
     """Forward and backward of every micro-batch in the 1F1B order, gradients accumulated into the
     stage's parameters. ``scales[i]``: what micro-batch i's loss is multiplied by before its
     backward (its share of the batch's loss weight). The last stage returns each micro-batch's
-    (loss, stats), None where its scale is 0 (the loss is not computed); the others an empty list. The order of a stage's steps is recorded in
-    ``stage.schedule_log`` (``("F", i)`` / ``("B", i)``) when that attribute is a list."""
+    (loss, stats), None where its scale is 0 (the loss is not computed); the others an empty list.
+    The order of a stage's steps is recorded in ``stage.schedule_log`` (``("F", i)`` /
+    ``("B", i)``) when that attribute is a list.
+
+    A Mixture-of-Experts model's routing records travel with the activations (and their
+    gradients back), so the last stage's loss holds the load-balancing term over every block."""
     spec, m = stage.spec, len(mbs)
     warmup = min(spec.n_stages - spec.stage - 1, m)
     log = getattr(stage, "schedule_log", None)
     live: list[_Live] = []
-    results: list[tuple[float, dict]] = []
+    results: list[tuple[float, dict] | None] = []
+    routes = stage.routes()
+    records_in = stage.sparse_blocks_through(spec.stage - 1) if routes and not spec.first else 0
+    records_out = stage.sparse_blocks_through(spec.stage) if routes and not spec.last else 0
+    width = 2 * stage.config.n_experts + 1
 
-    def forward(i: int, hidden: torch.Tensor | None) -> _Live:
-        if hidden is not None:
-            hidden.requires_grad_(True)
-        out = _forward(stage, mbs[i], hidden, output_index_fn)
+    def received(n_tokens: int, rows: int) -> list:
+        """What comes in from a neighbour: ``n_tokens``' activations, then ``rows`` routing records."""
+        return [n_tokens] + ([((rows, width), torch.float32)] if rows else [])
+
+    def forward(i: int, inputs: list[torch.Tensor]) -> _Live:
+        for t in inputs:
+            t.requires_grad_(True)
+        hidden = inputs[0] if inputs else None
+        routed = inputs[1] if len(inputs) > 1 else None
+        out, records = _forward(stage, mbs[i], hidden, output_index_fn, routed)
         if spec.last and scales[i] == 0:  # nothing to learn (no loss tokens, or a lockstep repeat)
             results.append(None)
-            out = out.float().sum() * 0.0  # its mean loss may be 0/0; the backward must still run
+            outputs = [out.float().sum() * 0.0]  # its mean loss may be 0/0; the backward must still run
         elif spec.last:
             loss, stats = loss_fn(out, mbs[i])
             results.append((float(loss.detach()), stats))
-            out = loss.float() * scales[i]
+            outputs = [loss.float() * scales[i]]
+        else:
+            outputs = [out] + ([records] if records_out else [])
         if log is not None:
             log.append(("F", i))
-        return _Live(i, hidden, out)
+        return _Live(i, inputs, outputs)
 
-    def backward(item: _Live, grad: torch.Tensor | None) -> torch.Tensor | None:
+    def backward(item: _Live, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         if spec.last:
-            item.outputs.backward()
+            item.outputs[0].backward()
         else:
-            torch.autograd.backward(item.outputs, grad.to(item.outputs.dtype))
+            torch.autograd.backward(item.outputs, [g.to(o.dtype) for o, g in zip(item.outputs, grads)])
         if log is not None:
             log.append(("B", item.index))
-        return None if item.inputs is None else item.inputs.grad
+        # what goes back: each input's gradient (zeros where nothing reached it: an unused record)
+        return [t.grad if t.grad is not None else torch.zeros_like(t) for t in item.inputs]
 
-    def receive_input(i: int) -> torch.Tensor | None:
-        return None if spec.first else links.exchange([], [(_tokens(mbs[i]), -1)])[0]
+    def sends_of(outputs: list[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+        return [(outputs[0].to(links.dtype), +1)] + [(t, +1) for t in outputs[1:]]
+
+    def receive_input(i: int) -> list[torch.Tensor]:
+        return (
+            [] if spec.first else links.exchange([], [(x, -1) for x in received(_tokens(mbs[i]), records_in)])
+        )
 
     # fill: forwards only
     for i in range(warmup):
         item = forward(i, receive_input(i))
         live.append(item)
-        links.exchange([(item.outputs, +1)], [])
+        links.exchange(sends_of(item.outputs), [])
     # steady state: one forward, one backward
-    hidden = receive_input(warmup) if warmup < m else None
+    inputs = receive_input(warmup) if warmup < m else []
     for i in range(warmup, m):
-        item = forward(i, hidden)
+        item = forward(i, inputs)
         live.append(item)
         oldest = live.pop(0)
         if spec.last:
-            grad = None
-        else:  # send this forward's output down, receive the oldest one's gradient back
-            (grad,) = links.exchange([(item.outputs, +1)], [(_tokens(mbs[oldest.index]), +1)])
-        input_grad = backward(oldest, grad)
+            grads = []
+        else:  # send this forward's outputs down, receive the oldest one's gradients back
+            wanted = received(_tokens(mbs[oldest.index]), records_out)
+            grads = links.exchange(sends_of(item.outputs), [(x, +1) for x in wanted])
+        input_grads = backward(oldest, grads)
         more = i + 1 < m
-        sends = [] if spec.first else [(input_grad, -1)]
-        receives = [(_tokens(mbs[i + 1]), -1)] if more and not spec.first else []
-        got = links.exchange(sends, receives)
-        hidden = got[0] if receives else None
+        sends = [] if spec.first else [(g, -1) for g in input_grads]
+        receives = (
+            [(x, -1) for x in received(_tokens(mbs[i + 1]), records_in)] if more and not spec.first else []
+        )
+        inputs = links.exchange(sends, receives)
     # drain: the remaining backwards
     while live:
         oldest = live.pop(0)
-        (grad,) = links.exchange([], [(_tokens(mbs[oldest.index]), +1)])
-        input_grad = backward(oldest, grad)
+        grads = links.exchange([], [(x, +1) for x in received(_tokens(mbs[oldest.index]), records_out)])
+        input_grads = backward(oldest, grads)
         if not spec.first:
-            links.exchange([(input_grad, -1)], [])
+            links.exchange([(g, -1) for g in input_grads], [])
     return results
 
 
