@@ -70,13 +70,17 @@ def main() -> None:
     p.add_argument(
         "--interpolation-workers", type=int, default=2, help="workers of the interpolation search (0: none)"
     )
-    args = parse_args(p, None, experiment="sft", steps=8, top=1, interpolation_workers=1)
+    args = parse_args(p, None, experiment="sft", steps=5, top=1, interpolation_workers=1)
     os.makedirs(args.fileroot, exist_ok=True)
     extra = [*SHORT_BATCHES] if args.smoke else ["toy_eval_prompts=32"]
     if args.smoke and args.experiment == "sft":
         extra = [e for e in extra if not e.startswith(("ppo.", "toy_eval"))]
+    # the smoke run: the code path, not the figures (no contention run, no check of the best)
+    search = ["search.verify=0", "search.contention=false"] if args.smoke else []
     register_everything()
-    cfg = build_config(args.experiment, [f"fileroot={args.fileroot}", "search.n_gpus_per_node=2", *extra])
+    cfg = build_config(
+        args.experiment, [f"fileroot={args.fileroot}", "search.n_gpus_per_node=2", *search, *extra]
+    )
     searched = search_plan(args.experiment, cfg)
     result, exp, costs = searched.result, searched.experiment, searched.costs
     names = {m.name for m in exp.mfcs}

@@ -75,10 +75,12 @@ class Costs:
 
 
 def _slice(placement: Placement, index: int) -> tuple[float, float]:
-    """The fraction of the weights the ``index``-th worker of ``placement`` holds."""
-    _, _, tp_rank = placement.layout.coords(index)
-    tp = placement.layout.tp
-    return tp_rank / tp, (tp_rank + 1) / tp
+    """The fraction of the weights the ``index``-th worker of ``placement`` holds: its stage's
+    share (stages taken as equal), and its tensor-parallel slice of that."""
+    stage, _, tp_rank = placement.layout.coords(index)
+    width = 1.0 / (placement.layout.pp * placement.layout.tp)
+    start = (stage * placement.layout.tp + tp_rank) * width
+    return start, start + width
 
 
 @dataclasses.dataclass

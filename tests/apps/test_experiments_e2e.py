@@ -164,9 +164,10 @@ def test_ppo_with_tensor_parallel_actor_and_critic_gives_the_same_statistics(fil
 @pytest.mark.parametrize(
     "trial, gen_at, mode",
     [
-        # the disjoint placement covers the shared one's reallocations and more: the shared one is slow-only
+        # the default suite runs both placements (gradient checkpointing on the disjoint one) in
+        # tests/system/test_ppo_runtime.py, without the command line
         pytest.param("per-call", "", "local", marks=pytest.mark.slow),
-        ("per-call-disjoint", "@2", "local"),
+        pytest.param("per-call-disjoint", "@2", "local", marks=pytest.mark.slow),
         # Ray against local: tests/system/test_ppo_runtime.py compares them in the default suite
         pytest.param("per-call-ray", "", "ray", marks=pytest.mark.slow),
     ],

@@ -97,3 +97,9 @@ def test_a_reallocation_costs_what_the_neediest_copy_rank_lacks():
     one = Placement(Layout(), (0,))
     assert table.realloc("actor", one, Placement(Layout(1, 2), (1, 2))) == pytest.approx(4.0)
     assert table.realloc("actor", one, Placement(Layout(2, 1), (0, 1))) == pytest.approx(8.0)
+    # pipeline stages: each of p2's workers holds half; d2 on them lacks the other half (4 GB)
+    stages = Placement(Layout(pp=2), (0, 1))
+    assert table.realloc("actor", stages, Placement(Layout(2, 1), (0, 1))) == pytest.approx(4.0)
+    # d1m2p2 -> d1m4 on the same workers: worker 1 holds [1/4, 1/2) and needs it: nothing moves
+    four = tuple(range(4))
+    assert table.realloc("actor", Placement(Layout(1, 2, 2), four), Placement(Layout(1, 4), four)) == 0.0
