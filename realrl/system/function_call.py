@@ -176,9 +176,8 @@ class CallDispatcher:
     def _plan_pushes(self, mfc: MFCDef, replicas: list[list[int]], parts: list, requests: dict) -> None:
         """Attach to each dp rank's head the pushes of its outputs to the workers reading them, and
         record them for the readers' calls."""
-        workers = {w for r in replicas for w in r}
-        heads = [(r[0], list(part.ids)) for r, part in zip(replicas, parts)]
-        orders = plan_pushes(self.push_targets.get(mfc.name, {}), heads, workers, self.tags.next)
+        owned = [(list(r), list(part.ids)) for r, part in zip(replicas, parts)]
+        orders = plan_pushes(self.push_targets.get(mfc.name, {}), owned, self.tags.next)
         self.tags.take(len(orders))
         for src, order in orders:
             requests[src].call.pushes.append(order)

@@ -119,16 +119,19 @@ def _piece(
 
 def plan_pushes(
     targets: dict[str, list[int]],
-    parts: list[tuple[int, list[Hashable]]],
-    call_workers: set[int],
+    parts: list[tuple[list[int], list[Hashable]]],
     first_tag: int,
 ) -> list[tuple[int, PushOrder]]:
-    """(source worker, order) for every output key of a call to every worker reading it beyond the
-    call's own: one push per data-parallel part (``parts``: its head worker, its ids)."""
+    """(source worker, order) for every output key of a call to every worker reading it that does
+    not hold that part already: one push per data-parallel part (``parts``: its replica's workers,
+    the first of which sends, and its ids). A worker of another replica of the same call is pushed
+    to as well: it holds its own part only, and pulling the rest later would make the reader wait
+    for this replica's worker to finish whatever call it runs by then (two trainings side by
+    side would take turns)."""
     out = []
-    for head, ids in parts:
+    for replica, ids in parts:
         for key, readers in sorted(targets.items()):
             for dst in readers:
-                if dst not in call_workers:
-                    out.append((head, PushOrder(key, list(ids), dst, first_tag + len(out))))
+                if dst not in replica:
+                    out.append((replica[0], PushOrder(key, list(ids), dst, first_tag + len(out))))
     return out

@@ -91,8 +91,11 @@ def test_outputs_are_pushed_to_the_workers_of_readers_taking_every_sample(tmp_pa
     # values (critic, worker 1) reads the answers; actor_train (d2) reads only its share: not pushed to
     assert targets["gen"]["packed_input_ids"] == [1]
     assert targets["values"]["values"] == [0, 1]  # reward on 0, critic_train on 1
-    orders = plan_pushes(targets["values"], [(1, ["a", "b"])], {1}, first_tag=40)
+    orders = plan_pushes(targets["values"], [([1], ["a", "b"])], first_tag=40)
     assert [(src, o.key, o.ids, o.dst, o.tag) for src, o in orders] == [(1, "values", ["a", "b"], 0, 40)]
+    # a d2 producer: each replica's part goes to the reader on the other replica's worker
+    orders = plan_pushes({"k": [0, 1]}, [([0], ["a"]), ([1], ["b"])], first_tag=0)
+    assert [(src, o.ids, o.dst) for src, o in orders] == [(0, ["a"], 1), (1, ["b"], 0)]
 
 
 def _buffer() -> SampleBuffer:
