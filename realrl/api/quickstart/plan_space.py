@@ -3,7 +3,8 @@
 A call may run in any layout ``d<dp>m<tp>p1`` of at most ``n_workers`` ranks, on a block of
 neighbouring workers that starts at a multiple of its size (tensor-parallel ranks stay on
 neighbouring workers, within one node). A call that must see the whole batch runs on one worker.
-Pipeline parallelism is not in the space (the runtime refuses ``p > 1``). A plan is written as an
+Pipeline stages (``p > 1``, which the runtime runs) are not in the space yet: the profiles and
+the simulator know calls on a (dp, tp) mesh only. A plan is written as an
 ``allocation_mode`` a user can paste: the most common placement as ``*``, the other calls by name.
 """
 
