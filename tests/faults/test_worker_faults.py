@@ -48,7 +48,8 @@ def fails(cfg) -> tuple[ExperimentFailedError, float]:
         ("1:generate@1", "model_worker/1", "while running MFC 'gen' (step 1)"),
         ("1:inference@1", "model_worker/1", "while running MFC 'values' (step 1)"),
         ("0:train@2", "model_worker/0", "while running MFC 'actor_train' (step 2)"),
-        ("0:transfer", "model_worker/0", "while running data for MFC 'values' (step 0)"),
+        # worker 0's first transfer: the half of gen's answers worker 1 pushed to the reward call
+        ("0:transfer", "model_worker/0", "while running MFC 'reward' (step 0)"),
         ("0:save", "model_worker/0", "while running save"),
     ],
 )
