@@ -122,8 +122,7 @@ class InferenceEngine:
             module.to(self.dtype)
         if offload:
             module.to("cpu")
-        wire = module.dtype if parallel is not None and parallel.layout.pp > 1 else None
-        self.pipeline = PipelineRun.of(module, parallel, self.device, wire)
+        self.pipeline = PipelineRun.of(module, parallel, self.device)
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -300,8 +299,8 @@ class InferenceEngine:
         caller. Sampling keys as in ``generate``, so an uninterrupted session samples exactly what
         ``generate`` does when it decodes eagerly."""
         self._require(input_, PROMPT_KEY, "start_generation")
-        if self.pipeline is not None:
-            raise NotImplementedError(
+        if self.pipeline is not None:  # refused before launch too (ExperimentConfig)
+            raise ValueError(
                 f"layout {self.parallel.layout}: generation decoded in pieces (async_rl.partial_rollout) "
                 "does not run through pipeline stages; generate with p1"
             )

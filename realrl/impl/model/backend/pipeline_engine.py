@@ -54,6 +54,12 @@ def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return obj
 
 
+def _lockstep(mbs: list[SequenceSample], n_runs: int) -> list[SequenceSample]:
+    """``mbs`` and repeats of the first up to ``n_runs`` (FSDP: every dp rank of a stage runs as
+    many micro-batches as the rank with the most, each gathering weights collectively)."""
+    return mbs + [mbs[0]] * (n_runs - len(mbs))
+
+
 def _on_host(t: torch.Tensor) -> bool:
     return t.device == torch.device("cpu")
 
@@ -69,14 +75,10 @@ class PipelineRun:
 
     @classmethod
     def of(
-        cls,
-        module: torch.nn.Module,
-        parallel: ParallelContext | None,
-        device: torch.device,
-        dtype: torch.dtype,
+        cls, module: torch.nn.Module, parallel: ParallelContext | None, device: torch.device
     ) -> PipelineRun | None:
-        """The run of ``module`` when ``parallel`` has pipeline stages (None otherwise).
-        ``dtype``: what the activations between stages travel in."""
+        """The run of ``module`` when ``parallel`` has pipeline stages (None otherwise). The
+        activations between stages travel in the stage's own dtype (its residual stream's)."""
         if parallel is None or parallel.layout.pp == 1:
             return None
         if not isinstance(module, PipelineStage):
@@ -85,7 +87,12 @@ class PipelineRun:
                 "not a PipelineStage (the model factory cuts a ReaLModel into its stage)"
             )
         links = StageLinks(
-            parallel.pp_group, module.spec, module.config.hidden_dim, dtype, device, parallel.stage_ranks
+            parallel.pp_group,
+            module.spec,
+            module.config.hidden_dim,
+            module.dtype,
+            device,
+            parallel.stage_ranks,
         )
         return cls(module, links, parallel, device)
 
@@ -134,8 +141,7 @@ class PipelineRun:
     ) -> Any:
         """Inference over ``mbs``; ``n_runs`` >= len(mbs) micro-batches go through the stages
         (FSDP's lockstep: the extra ones repeat the first and are dropped)."""
-        runs = mbs + [mbs[0]] * (n_runs - len(mbs))
-        outs = forward_only(self.stage, self.links, runs, output_index_fn)
+        outs = forward_only(self.stage, self.links, _lockstep(mbs, n_runs), output_index_fn)
         result = None
         if self.last:
             pairs = zip(outs[: len(mbs)], mbs)
@@ -164,15 +170,18 @@ class PipelineRun:
     def train(
         self,
         mbs: list[SequenceSample],
+        n_runs: int,
         loss_fn: LossFn,
         scales: list[float],
         output_index_fn: Callable | None,
     ) -> list[tuple[float, dict] | None]:
         """Gradients of ``sum_i scales[i] * loss_i`` accumulated into the stage's parameters (1F1B);
-        every micro-batch's (loss, stats), None where its scale is 0."""
-        results = train_1f1b(self.stage, self.links, mbs, loss_fn, scales, output_index_fn)
+        every micro-batch's (loss, stats), None where its scale is 0. ``n_runs`` as in
+        ``forward``: the lockstep repeats learn nothing."""
+        scales = scales + [0.0] * (n_runs - len(mbs))
+        results = train_1f1b(self.stage, self.links, _lockstep(mbs, n_runs), loss_fn, scales, output_index_fn)
         self.sum_tied_gradients()
-        return self.share(results if self.last else None)
+        return self.share(results[: len(mbs)] if self.last else None)
 
     def sum_tied_gradients(self) -> None:
         """The first and the last stage's copies of a tied embedding get the sum of both gradients."""

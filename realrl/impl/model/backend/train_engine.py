@@ -127,12 +127,10 @@ class TrainEngine(InferenceEngine):
         results: list[tuple[float, dict] | None] = []
         if self.pipeline is not None:
             scales = [w / total / divide if total > 0 else 0.0 for w in weights]
-            scales += [0.0] * (n_runs - len(mbs))  # FSDP's lockstep repeats learn nothing
             if self.loss_scaler is not None:
                 scales = [x * self.loss_scaler.get_scale() for x in scales]
-            runs = mbs + [mbs[0]] * (n_runs - len(mbs))
             with self.mode(training=True), self._autocast():
-                results = self.pipeline.train(runs, loss_fn, scales, output_index_fn)[: len(mbs)]
+                results = self.pipeline.train(mbs, n_runs, loss_fn, scales, output_index_fn)
             n_runs = 0  # the loop below has nothing left to run
         with self.mode(training=True):
             for i in range(n_runs):
@@ -182,9 +180,12 @@ class TrainEngine(InferenceEngine):
             self.loss_scaler.unscale_(params)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         if self.pipeline is not None:  # each stage's squares, then summed over the stages
-            pipeline = self.pipeline
             grad_norm = clip_grad_norm(
-                params, max_norm, self.module, across=self.parallel.pp_group, uncounted=pipeline.uncounted()
+                params,
+                max_norm,
+                self.module,
+                across=self.parallel.pp_group,
+                uncounted=self.pipeline.uncounted(),
             )
         elif self.sharded:  # shards' squares summed over the mesh: the norm of the whole gradient
             grad_norm = clip_grad_norm(params, max_norm, self.module)

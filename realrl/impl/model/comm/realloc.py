@@ -147,7 +147,7 @@ def build_copy(
     pipeline stage when pp > 1, split by tensor parallelism when tp > 1 (whole experts per rank
     with ``parallel.expert_parallel``), never sharded by FSDP (a copy serves generation and
     inference), in eval mode and without gradients. Only this worker's shards are allocated."""
-    from realrl.impl.model.parallel.pipeline import PipelineStage, StageSpec
+    from realrl.impl.model.parallel.pipeline import PipelineStage
     from realrl.impl.model.parallel.tensor_parallel import apply_tensor_parallel
 
     with torch.random.fork_rng(devices=[]):  # weights come from the source; the caller's RNG stays
@@ -155,7 +155,7 @@ def build_copy(
         if lora is not None:  # the same adapters as the home model (names, shapes): filled from it
             add_adapters(model, lora)
     if parallel is not None and parallel.layout.pp > 1:
-        model = PipelineStage(model, StageSpec.of(cfg, parallel.stage, parallel.layout.pp))
+        model = PipelineStage.of(model, parallel.stage, parallel.layout.pp)
     if parallel is not None and parallel.mesh is not None and parallel.layout.tp > 1:
         apply_tensor_parallel(model, parallel.tp_mesh, parallel.expert_parallel)
     model.materialize(device)

@@ -48,10 +48,10 @@ def _stage_cut(parallel: Any) -> Callable[[ReaLModel], nn.Module] | None:
     """What cuts a whole model into this rank's pipeline stage (None: no pipeline stages)."""
     if parallel is None or parallel.layout.pp == 1:
         return None
-    from realrl.impl.model.parallel.pipeline import PipelineStage, StageSpec
+    from realrl.impl.model.parallel.pipeline import PipelineStage
 
     def cut(model: ReaLModel) -> nn.Module:
-        return PipelineStage(model, StageSpec.of(model.config, parallel.stage, parallel.layout.pp))
+        return PipelineStage.of(model, parallel.stage, parallel.layout.pp)
 
     return cut
 

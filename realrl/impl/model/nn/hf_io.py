@@ -280,9 +280,8 @@ def _load_split(
     if cut is not None:
         model = cut(model)
     split = tp_mesh is not None and tp_mesh.size() > 1
-    if split:
+    if split:  # allocated where the mesh is
         apply_tensor_parallel(model, tp_mesh, expert_parallel)
-    if split:  # where the mesh is
         on_cpu = tp_mesh.device_type == "cpu"
         target = torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
     else:
@@ -295,9 +294,7 @@ def _load_split(
     missing = []
     for name, param in model.named_parameters():
         index, source = _local_index(param), sources.pop(name, None)
-        if (
-            source is None and name == "head.weight"
-        ):  # a pipeline's last stage: its copy of the tied embedding
+        if source is None and name == "head.weight":  # a last pipeline stage's copy of a tied embedding
             source = tied_source
         if source is None:
             missing.append(name)
@@ -308,11 +305,8 @@ def _load_split(
     held_elsewhere = {
         k for k in sources if expert_parallel and expert_owner(k, cfg.n_experts, tp) not in (None, rank)
     }
-    unexpected = sorted(
-        k
-        for k in sources
-        if (k != "head.weight" or not cfg.tied_embedding) and k not in held_elsewhere and k not in whole_names
-    )
+    # a whole model's parameter left over is another stage's (or, tied, the head the embedding is)
+    unexpected = sorted(k for k in sources if k not in held_elsewhere and k not in whole_names)
     _check_loaded(path, family, cfg, CRITIC_MARKER in raw, missing, unexpected)
     if cfg.is_critic and CRITIC_MARKER not in raw:
         model.reset_critic_head()

@@ -102,6 +102,11 @@ class PipelineStage(nn.Module):
         self.critic_head_seed = getattr(model, "critic_head_seed", 0)
         self.critic_head_init = getattr(model, "critic_head_init", "reward")
 
+    @classmethod
+    def of(cls, model: nn.Module, stage: int, n_stages: int) -> PipelineStage:
+        """Stage ``stage`` of ``n_stages`` of ``model``, cut by the balanced split."""
+        return cls(model, StageSpec.of(model.config, stage, n_stages))
+
     def reset_critic_head(self) -> None:
         """The last stage's critic head, as the whole model would draw it."""
         if self.head is not None:
