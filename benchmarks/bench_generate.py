@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import traceback
 
 import torch
 from _roofline import kv_bytes_per_token, measured_bandwidth, roofline_tokens_per_s, weight_bytes
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             fn(4)
         except Exception as e:  # noqa: BLE001 - a peer's path that does not run here: say why
+            traceback.print_exc()  # the whole story on stderr; the table gets its first line
             skipped[name] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
             del runners[name]
     best = {k: [0.0, 0.0] for k in runners}  # tokens/s by wall time, by process CPU time

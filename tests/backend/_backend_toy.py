@@ -19,8 +19,8 @@ VOCAB = 17
 def causal_segment_mean(h: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     cu = cu_seqlens.long()
     lens = cu[1:] - cu[:-1]
-    seg = torch.repeat_interleave(torch.arange(len(lens)), lens)
-    pos = torch.arange(h.shape[0]) - cu[:-1][seg]
+    seg = torch.repeat_interleave(torch.arange(len(lens), device=h.device), lens)
+    pos = torch.arange(h.shape[0], device=h.device) - cu[:-1][seg]
     csum = h.cumsum(0)
     before = torch.cat([torch.zeros_like(h[:1]), csum])[cu[:-1]][seg]
     return (csum - before) / (pos + 1).unsqueeze(-1).to(h.dtype)

@@ -2,6 +2,7 @@
 real engines. Advantages are computed once per batch by ``ppo_advantages`` (the ``compute_adv``
 node) and ``update_``-d into the batch before the train steps, as the graph runs them."""
 
+import contextlib
 import dataclasses
 import json
 
@@ -383,28 +384,54 @@ def test_one_minibatch_whitening_scopes_agree(tokenizer):
         torch.testing.assert_close(p, q)
 
 
-@pytest.mark.gpu
-def test_every_interface_runs_with_models_on_cuda(tokenizer):
-    """Data stays on the CPU, models on the GPU: every loss and hook moves what it needs."""
+def as_worker(call, model, data):
+    """What a model worker does around a call: the inputs on the model's device, the outputs (a
+    sample) back in host memory, where the worker's store keeps them."""
+    out = call(model, data.to(model.device))
+    data.to("cpu")
+    return out.to("cpu") if isinstance(out, SequenceSample) else out
+
+
+@pytest.mark.parametrize(
+    "dev", [pytest.param("cuda", marks=pytest.mark.gpu), "cpu:0"], ids=["cuda", "device_discipline"]
+)
+def test_every_interface_runs_with_models_on_the_device(tokenizer, dev):
+    """Models on the GPU, the samples in host memory between calls, as a model worker keeps them:
+    every interface runs on its inputs moved to its model's device (the advantage call's model,
+    with no weights, is on the CPU). On a CPU the device-discipline check (``cpu:0`` standing in
+    for the GPU) raises where CUDA would refuse a host tensor meeting a device one."""
+    from device_discipline import DeviceDiscipline
+
+    with DeviceDiscipline() if dev == "cpu:0" else contextlib.nullcontext():
+        run_every_interface(tokenizer, dev)
+
+
+def run_every_interface(tokenizer, dev: str) -> None:
     from interface_fixtures import paired_batch, prompt_answer_batch
 
-    dev = "cuda"
     actor, critic = (
         make_model(tokenizer, device=dev),
         make_model(tokenizer, role="critic", critic=True, device=dev),
     )
     a, c = actor_iface(), critic_iface()
-    data = rollout(tokenizer, a, actor, critic=critic, critic_if=c)
-    compute_adv(tokenizer, adv_iface(), data)
-    assert "loss" in a.train_step(actor, data) and "critic_loss" in c.train_step(critic, data)
+    torch.manual_seed(0)
+    data = as_worker(a.generate, actor, prompt_batch(tokenizer, PROMPTS))
+    data.update_(as_worker(a.inference, actor, data))
+    n_seqs = len(data.flat_seqlens("packed_input_ids"))
+    data.update_(per_sequence_sample(data, "rewards", torch.tensor([1.0, -1.0] * (n_seqs // 2))))
+    data.update_(as_worker(c.inference, critic, data))
+    data.update_(as_worker(adv_iface().inference, null_model(tokenizer), data)[0])
+    assert all(v.device.type == "cpu" for v in data.data.values() if v is not None)
+    assert "loss" in as_worker(a.train_step, actor, data)
+    assert "critic_loss" in as_worker(c.train_step, critic, data)
     sft = make_interface("sft")
-    assert sft.train_step(actor, prompt_answer_batch(tokenizer, [("w1", "good .")]))["loss"] > 0
+    assert as_worker(sft.train_step, actor, prompt_answer_batch(tokenizer, [("w1", "good .")]))["loss"] > 0
     pairs = paired_batch(tokenizer, [[("w1 good .", "w1 bad .")]])
     rw = make_interface("paired_rw")
-    assert rw.train_step(critic, pairs)["loss"] > 0
+    assert as_worker(rw.train_step, critic, pairs)["loss"] > 0
     dpo = make_interface("dpo")
-    pairs.update_(dpo.inference(actor, pairs))
-    assert dpo.train_step(actor, pairs)["loss"] > 0
+    pairs.update_(as_worker(dpo.inference, actor, pairs))
+    assert as_worker(dpo.train_step, actor, pairs)["loss"] > 0
 
 
 def test_a_rollout_in_pieces_continues_under_new_weights_and_stamps_the_oldest_version(tokenizer):

@@ -15,10 +15,12 @@ from realrl.impl.model.nn.real_model import ReaLModel
 from realrl.impl.model.nn.static_decode import (
     DecodeState,
     DecodeTrace,
+    StaticDecoder,
     batch_buckets,
     bucket_for,
     cache_bytes,
     cache_capacity,
+    rehearse,
 )
 
 PROMPTS = [5, 9, 3, 6, 1, 7]
@@ -116,6 +118,29 @@ def test_cache_is_sized_from_the_batch_and_the_length_budget():
         model, ids, cu, GenerationHyperparameters(n=2, max_new_tokens=5, decoding="static"), None, None, trace
     )
     assert out.seqlens == [9, 9, 14, 14] and trace.buckets == [4] * 5
+
+
+def test_the_capture_rehearsal_stays_in_bounds_when_few_tokens_are_asked_for():
+    """Before capturing, every bucket's step is rehearsed once. 64 rows have 7 buckets; a call for
+    2 new tokens from 1-token prompts has 2 output columns and 2 cache slots, so the rehearsals
+    must each start from a rewound state (on a GPU the unrewound 5th one indexed out of bounds)."""
+    model = tiny_real_model()
+    cfg = model.config
+    capacity = cache_capacity(max_prompt_len=1, max_new_tokens=2)
+
+    def decoder() -> StaticDecoder:
+        cache = KVCache(cfg.n_layers, 64, cfg.n_kv_heads, capacity, cfg.head_dim, torch.float32, "cpu")
+        g = GenerationHyperparameters(max_new_tokens=2, decoding="static")
+        return StaticDecoder(model, cache, cfg.vocab_size, torch.float32, g, torch.tensor([1]), use_graphs=False)
+
+    d = decoder()
+    assert len(d.buckets) == 7
+    rehearse(d._step, d.buckets, d.state.rewind)
+    assert d.state.step.item() == 0 and d.state.lens.eq(0).all() and d.state.finished.all()
+    assert d.state.out_tokens[:64].eq(0).all()  # rehearsals wrote only to the spare row
+    unrewound = decoder()
+    with pytest.raises(IndexError):
+        rehearse(unrewound._step, unrewound.buckets, lambda: None)
 
 
 def test_compaction_moves_live_rows_to_the_front_in_place():

@@ -126,6 +126,15 @@ class DecodeState:
         self.out_logp.zero_()
         self.gen_lens.fill_(self.out_tokens.shape[1])
 
+    def rewind(self) -> None:
+        """Back to the empty state's counters: step 0, empty rows, every row finished and writing
+        to the spare row. A rehearsal step run from here stays inside the output columns and the
+        cache, however few tokens the call generates."""
+        self.step.zero_()
+        self.lens.zero_()
+        self.finished.fill_(True)
+        self.seq.fill_(self.spare)
+
     def compact_(self, cache: KVCache, live: torch.Tensor, bucket: int) -> None:
         """Move the ``live`` rows (indices, in order) to the front; rows ``len(live)..bucket - 1``
         become padding (finished, writing to the spare row)."""
@@ -167,18 +176,34 @@ def advance(
     state.step += 1
 
 
-class StepGraphs:
-    """``run(b)`` captured as one CUDA graph per bucket ``b``, after a warm-up on a side stream
-    (lazily built things: prepared weights, rotary tables, library workspaces). The warm-up
-    changes the state ``run`` writes: reset it before the first replay."""
+def rehearse(run: Callable[[int], None], buckets: tuple[int, ...], rewind: Callable[[], None]) -> None:
+    """Run each bucket's step once, each from a rewound state: a step advances the step counter
+    and the rows' lengths, and one rehearsal per bucket in a row would write past the output
+    columns of a call that generates fewer tokens than there are buckets (64 rows have 7 buckets;
+    a 4-token warm-up call then indexed column 4 on an H100)."""
+    for b in buckets:
+        rewind()
+        run(b)
+    rewind()
 
-    def __init__(self, run: Callable[[int], None], buckets: tuple[int, ...], device: torch.device):
+
+class StepGraphs:
+    """``run(b)`` captured as one CUDA graph per bucket ``b``, after a rehearsal on a side stream
+    (lazily built things: prepared weights, rotary tables, library workspaces). The rehearsal
+    writes the state and the cache ``run`` reads: set both before the first replay."""
+
+    def __init__(
+        self,
+        run: Callable[[int], None],
+        buckets: tuple[int, ...],
+        device: torch.device,
+        rewind: Callable[[], None],
+    ):
         current = torch.cuda.current_stream(device)
         side = torch.cuda.Stream(device)
         side.wait_stream(current)
         with torch.cuda.stream(side), _autocast_without_cache(device):
-            for b in buckets:
-                run(b)
+            rehearse(run, buckets, rewind)
         current.wait_stream(side)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         for b in buckets:
@@ -236,7 +261,7 @@ class StaticDecoder:
         self.step: Callable[[int], None] = self._step
         if use_graphs:
             with decode_attention_kernels(device):
-                self.step = StepGraphs(self._step, self.buckets, device)
+                self.step = StepGraphs(self._step, self.buckets, device, self.state.rewind)
             self.trace.captured = self.buckets
             cache.zero_()
 
