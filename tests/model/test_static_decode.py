@@ -131,7 +131,9 @@ def test_the_capture_rehearsal_stays_in_bounds_when_few_tokens_are_asked_for():
     def decoder() -> StaticDecoder:
         cache = KVCache(cfg.n_layers, 64, cfg.n_kv_heads, capacity, cfg.head_dim, torch.float32, "cpu")
         g = GenerationHyperparameters(max_new_tokens=2, decoding="static")
-        return StaticDecoder(model, cache, cfg.vocab_size, torch.float32, g, torch.tensor([1]), use_graphs=False)
+        return StaticDecoder(
+            model, cache, cfg.vocab_size, torch.float32, g, torch.tensor([1]), use_graphs=False
+        )
 
     d = decoder()
     assert len(d.buckets) == 7
