@@ -18,6 +18,7 @@ responses end at varied lengths, as in RLHF (both sides use the same EOS set).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import traceback
 
@@ -27,6 +28,7 @@ from _smoke import parse_args
 from bench_forward import SIZES, SMOKE_MODEL, add_model_args, build_models, make_prompts, pad_left, sync
 
 from realrl.api.core.model_api import GenerationHyperparameters
+from realrl.impl.model import kernels
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,6 +44,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument(
         "--hf-static", action="store_true", help="also transformers with a static cache (compiled on CUDA)"
+    )
+    ap.add_argument(
+        "--torch-kernels",
+        action="store_true",
+        help="also each realrl mode with its own kernels off (kernels.torch_only: the torch expressions "
+        "instead of the Triton RMSNorm on CUDA, the C kernels on a CPU)",
     )
     ap.add_argument(
         "--bandwidth-gib",
@@ -66,12 +74,13 @@ def main(argv: list[str] | None = None) -> None:
     pids, pmask = (t.to(args.device) for t in pad_left(prompts))
     plens = [len(p) for p in prompts]
 
-    def realrl_runner(mode: str):
+    def realrl_runner(mode: str, own_kernels: bool = True):
         def run(max_new: int = args.max_new) -> list[int]:
             g = GenerationHyperparameters(
                 max_new_tokens=max_new, temperature=1.0, top_k=0, top_p=1.0, decoding=mode
             )
-            out = ours.generate(ids, cu, g, eos_token_id=eos)
+            with contextlib.nullcontext() if own_kernels else kernels.torch_only():
+                out = ours.generate(ids, cu, g, eos_token_id=eos)
             return [s - p for s, p in zip(out.seqlens, out.prompt_lens)]
 
         return run
@@ -102,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         return run
 
     runners = {f"realrl {mode}": realrl_runner(mode) for mode in decodings}
+    if args.torch_kernels:
+        runners.update({f"realrl {mode} torch kernels": realrl_runner(mode, False) for mode in decodings})
     runners["transformers generate"] = hf_runner()
     if args.hf_static:
         runners["transformers static cache"] = hf_runner(cache_implementation="static")
@@ -158,9 +169,13 @@ def main(argv: list[str] | None = None) -> None:
     for name in runners:
         if name != base:
             print(f"{'ratio ' + name + ' / ' + base:60s} {best[name][0] / best[base][0]:6.2f}x wall")
+    for name in runners:
+        if name.endswith(" torch kernels"):
+            own = name.removesuffix(" torch kernels")
+            print(f"{'ratio ' + own + ' / ' + name:60s} {best[own][0] / best[name][0]:6.2f}x wall")
     if "realrl eager" in runners:
         for name in runners:
-            if name.startswith("realrl") and name != "realrl eager":
+            if name.startswith("realrl") and name != "realrl eager" and not name.endswith(" torch kernels"):
                 print(
                     f"{'ratio ' + name + ' / realrl eager':60s} {best[name][0] / best['realrl eager'][0]:6.2f}x wall"
                 )

@@ -79,13 +79,14 @@ def test_bench_forward(tmp_path):
 
 
 def test_bench_generate(tmp_path):
-    out = run_bench("bench_generate.py", tmp_path, "--device", "cpu")
+    out = run_bench("bench_generate.py", tmp_path, "--device", "cpu", "--torch-kernels")
     f = parse_bench_generate(out, "realrl eager")
     assert not [k for k in f if k.endswith("_error")], f  # every side ran
     assert f["realrl_eager_tok_s"] > 0 and f["realrl_static_tok_s"] > 0, f
     assert f["transformers_generate_tok_s"] > 0 and f["speedup_vs_hf"] > 0, f
     assert f["bandwidth_gb_s"] > 0, f
     figures(rf"^ratio realrl static / realrl eager\s+({NUMBER})x wall$", out)
+    figures(rf"^ratio realrl eager / realrl eager torch kernels\s+({NUMBER})x wall$", out)  # the kernels' A/B
 
 
 def test_bench_train(tmp_path):

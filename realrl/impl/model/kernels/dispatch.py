@@ -25,6 +25,13 @@ What was measured (``benchmarks/bench_cpu_kernels.py``, inside the toy RLHF step
   five and eight (~1.1x on a reward-model step). Torch runs an elementwise op on one thread up to
   ATen's grain size (32,768 elements) and on all of them above it, so with several threads the
   kernel takes only calls up to that size.
+
+On a GPU, ``use_triton`` is the rule, for plain CUDA tensors with Triton importable,
+``REALRL_NO_NATIVE`` unset and ``torch_only`` not in force: ``rms_norm`` runs one Triton kernel
+(``triton_norm.py``) where the call needs no gradient (decoding, prefill, inference; a training
+forward keeps the torch expression, whose backward autograd knows), and ``decode_attention``
+(``triton_attention.py``) reads each row's filled cache slots only, in fp16/bf16 without a
+sliding window (SDPA otherwise).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from realrl.impl.model.kernels import native
+from realrl.impl.model.kernels import native, triton_attention, triton_norm
 
 NATIVE, TORCH = "native", "torch"
 # torch runs an elementwise op on one thread up to this many elements (ATen's GRAIN_SIZE)
@@ -67,6 +74,9 @@ KERNELS = {
     "decode_attention": Kernel("varlen_attention", False, None, False, _attention_covers),
     "rms_norm": Kernel("rms_norm", False, TORCH_GRAIN_SIZE, True, _rms_norm_covers),
 }
+
+# the ops with a Triton kernel for CUDA (triton_norm.py, triton_attention.py)
+TRITON_OPS = ("rms_norm", "decode_attention")
 
 _torch_only: set[str] = set()
 
@@ -144,6 +154,28 @@ def use_native(
         )
         == NATIVE
     )
+
+
+def use_triton(
+    op: str,
+    x: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    cache: torch.Tensor | None = None,
+    window: int | None = None,
+) -> bool:
+    """Whether ``op`` on ``x`` runs its Triton kernel: on CUDA, Triton available, ``torch_only``
+    not in force, and covered: ``rms_norm`` (``weight``) where no gradient is needed,
+    ``decode_attention`` (queries ``x`` on a KV ``cache`` layer) in half precision, no window."""
+    if op not in TRITON_OPS:
+        raise ValueError(f"no Triton kernel for {op!r}; there are {TRITON_OPS}")
+    if x.device.type != "cuda" or op in _torch_only:
+        return False
+    if op == "rms_norm":
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return False
+        return triton_norm.covers(x, weight) and triton_norm.available()
+    return triton_attention.covers(x, cache, window) and triton_attention.available()
 
 
 def kernel_threads(work: int, threads: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from realrl.impl.model.kernels import dispatch, native
+from realrl.impl.model.kernels.triton_norm import triton_rms_norm
 
 
 def _library():
@@ -67,7 +68,9 @@ def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * x / sqrt(mean(x^2, -1) + eps)`` over the last dim, computed in fp32 and returned
     in ``x``'s dtype (whatever the weight's): the C kernel where ``dispatch.choose_kernel`` picks it,
-    else the torch expression."""
+    the Triton kernel where ``dispatch.use_triton`` does, else the torch expression."""
     if dispatch.use_native("rms_norm", x, weight=weight):
         return native_rms_norm(x, weight, eps)
+    if dispatch.use_triton("rms_norm", x, weight=weight):
+        return triton_rms_norm(x, weight, eps)
     return torch_rms_norm(x, weight, eps)

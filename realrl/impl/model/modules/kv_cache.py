@@ -177,11 +177,9 @@ class DecodeContext:
     impl: str = "sdpa"  # the model's attention backend: cpu_varlen reads the cache in place
 
     def __post_init__(self) -> None:
-        slots = torch.arange(self.max_len, device=self.lens.device)
-        self._bias = self._additive(slots[None, :] <= self.lens[:, None])
         rows = torch.arange(self.lens.shape[0], device=self.lens.device)
         self._slots = self.cache.slots(rows, self.lens)
-        self._window_bias: dict[int, torch.Tensor] = {}
+        self._bias: dict[int | None, torch.Tensor] = {}  # by window, built when SDPA first needs one
 
     def _additive(self, keep: torch.Tensor) -> torch.Tensor:
         """bool [B, L] -> [B, 1, 1, L]: 0 where attended, -inf elsewhere."""
@@ -197,13 +195,14 @@ class DecodeContext:
         return self.max_len
 
     def _bias_for(self, window: int | None) -> torch.Tensor:
-        if not window:
-            return self._bias
-        if window not in self._window_bias:
+        window = window or None
+        if window not in self._bias:
             slots = torch.arange(self.max_len, device=self.lens.device)
-            keep = (slots[None, :] <= self.lens[:, None]) & (slots[None, :] > self.lens[:, None] - window)
-            self._window_bias[window] = self._additive(keep)
-        return self._window_bias[window]
+            keep = slots[None, :] <= self.lens[:, None]
+            if window:
+                keep &= slots[None, :] > self.lens[:, None] - window
+            self._bias[window] = self._additive(keep)
+        return self._bias[window]
 
     def attend(self, layer: int, q, k, v, scale: float, window: int | None) -> torch.Tensor:
         """q [B, Hq, D], k/v [B, Hkv, D] -> [B, Hq, D]: one query per row against its cached prefix.
@@ -217,6 +216,8 @@ class DecodeContext:
         i = layer - self.cache.first_layer
         if self.impl == "cpu_varlen" and kernels.use_native("decode_attention", q, window=window):
             return kernels.decode_attention(q, self.cache.k[i], self.cache.v[i], self.lens, scale)
+        if kernels.use_triton("decode_attention", q, cache=self.cache.k[i], window=window):
+            return kernels.triton_decode_attention(q, self.cache.k[i], self.cache.v[i], self.lens, scale)
         B, hq, d = q.shape
         hkv = k.shape[1]
         keys = self.cache.k[i][:, :, : self.max_len]  # [B, Hkv, L, D], a view
