@@ -40,7 +40,9 @@ def check(x, w):
     got, want = triton_rms_norm(x, w, 1e-6), torch_rms_norm(x, w, 1e-6)
     assert got.dtype == want.dtype == x.dtype and got.shape == x.shape
     torch.testing.assert_close(got, want)
-    if EXACT and x.numel():  # the sum is reduced in another order: a rounding flip is rare
+    if EXACT and x.numel() and x.dtype != torch.float32:
+        # the sum is reduced in another order, so fp32 results differ in their last bits; rounded
+        # to bf16 they agree but for a rare flip (98-99 % equal on an H100, 2026-11-26)
         assert (got == want).float().mean().item() > 0.97
 
 g = torch.Generator().manual_seed(0)
