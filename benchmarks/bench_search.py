@@ -3,9 +3,11 @@ each plan measures when it runs on this machine.
 
 The search (``realrl.apps.search``: short profiling runs of every call in every layout, cached,
 then the simulator over every plan of 2 workers) predicts each candidate's step time. Every
-candidate then runs the experiment for ``--steps`` steps from the command line; its step time is
-the median gap between consecutive steps' records after the first two (the last step, which
-saves the model, left out). Candidates: one layout
+candidate then runs the experiment for ``--steps`` steps from the command line, once per round
+(``--rounds``: every candidate in turn, then again, so that the machine's drift over the minutes
+the runs take hits all alike); a run's step time is the median gap between consecutive steps'
+records after the first two (the last step, which saves the model, left out), and a candidate's
+the mean of its rounds'. Candidates: one layout
 for every call (d1, d2, m2), the search's best plans (those it ran briefly before choosing among
 them: ``search.verify``), and the per-call mixes of ``bench_layouts.py``. The plan whose run measured the contention between workers is marked: its
 prediction matches by construction, the others' are the test.
@@ -14,7 +16,7 @@ Interpolation: a second search, in a cache of its own, profiles the experiment a
 the batch size, then searches at the batch size itself from those two shapes alone (nothing runs);
 its predictions for the same candidates are the column "interpolated".
 
-    python benchmarks/bench_search.py [--experiment ppo] [--steps 10]
+    python benchmarks/bench_search.py [--experiment ppo] [--steps 10] [--rounds 2]
     python benchmarks/bench_search.py --smoke   # sft, tiny batches: d1, d2 and the search's best
 """
 
@@ -42,9 +44,9 @@ MIXES = [  # bench_layouts.py's per-call candidates
 ]
 
 
-def measure(experiment: str, mode: str, steps: int, fileroot: str, extra: list[str]) -> float:
+def measure(experiment: str, mode: str, steps: int, fileroot: str, extra: list[str], round_: int = 0) -> float:
     """The median step gap of a run of ``mode`` (seconds)."""
-    trial = "".join(c if c.isalnum() else "-" for c in mode)
+    trial = "".join(c if c.isalnum() else "-" for c in mode) + (f"-r{round_}" if round_ else "")
     cmd = [sys.executable, "-m", "realrl.apps.quickstart", experiment, f"fileroot={fileroot}"]
     cmd += [
         f"experiment_name={experiment}-bench",
@@ -65,12 +67,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="ppo")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=2, help="runs of every candidate, in turn")
     p.add_argument("--top", type=int, default=3, help="the search's best plans run too")
     p.add_argument("--fileroot", default="outputs/bench_search")
     p.add_argument(
         "--interpolation-workers", type=int, default=2, help="workers of the interpolation search (0: none)"
     )
-    args = parse_args(p, None, experiment="sft", steps=5, top=1, interpolation_workers=1)
+    args = parse_args(p, None, experiment="sft", steps=5, top=1, interpolation_workers=1, rounds=1)
     os.makedirs(args.fileroot, exist_ok=True)
     extra = [*SHORT_BATCHES] if args.smoke else ["toy_eval_prompts=32"]
     if args.smoke and args.experiment == "sft":
@@ -90,34 +93,41 @@ def main() -> None:
     if not args.smoke:
         candidates += [m for m in MIXES if {part.split(":")[0] for part in m.split(",")} - {"*"} <= names]
     interpolated = interpolated_costs(args, cfg, extra) if args.interpolation_workers else None
-    rows = []
+    predictions = {}
     for mode in dict.fromkeys(candidates):
         placed = with_allocation(exp, mode)
-        predicted = simulate(placed, costs).step_seconds
         guessed = None
         if interpolated is not None:
             try:
                 guessed = simulate(placed, interpolated).step_seconds
             except MissingCost:  # a layout the interpolation search had no workers for
                 pass
-        measured = measure(args.experiment, mode, args.steps, args.fileroot, extra)
-        rows.append((mode, predicted, guessed, measured))
+        predictions[mode] = (simulate(placed, costs).step_seconds, guessed)
+    runs: dict[str, list[float]] = {mode: [] for mode in predictions}
+    for round_ in range(args.rounds):
+        for mode in predictions:
+            runs[mode].append(measure(args.experiment, mode, args.steps, args.fileroot, extra, round_))
+    rows = [(mode, p, g, sum(runs[mode]) / len(runs[mode])) for mode, (p, g) in predictions.items()]
     by_measured = sorted(rows, key=lambda r: r[3])
     best = by_measured[0][3]
     print(
-        f"{args.experiment} on 2 workers: {result.evaluated} plans searched; {len(rows)} run for {args.steps} steps"
+        f"{args.experiment} on 2 workers: {result.evaluated} plans searched; {len(rows)} run for {args.steps} steps, "
+        f"{args.rounds} round(s)"
     )
     print(
-        "| plan | predicted s/step | measured s/step | error | measured rank | interpolated s/step | error |"
+        "| plan | predicted s/step | measured s/step | error | measured rank | interpolated s/step | error "
+        "| rounds |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for mode, predicted, guessed, measured in rows:
         rank = 1 + [r[0] for r in by_measured].index(mode)
         mark = " (chosen)" if mode == chosen else ""
         mark += " (contention measured on it)" if mode == searched.contention_plan else ""
         interp = "- | -" if guessed is None else f"{guessed:.3f} | {_error(guessed, measured)}"
+        each = " / ".join(f"{r:.3f}" for r in runs[mode])
         print(
-            f"| {mode}{mark} | {predicted:.3f} | {measured:.3f} | {_error(predicted, measured)} | {rank} | {interp} |"
+            f"| {mode}{mark} | {predicted:.3f} | {measured:.3f} | {_error(predicted, measured)} | {rank} | {interp} "
+            f"| {each} |"
         )
     within = sum(abs(p - m) <= 0.15 * m for _, p, _, m in rows)
     chosen_measured = next(m for mode, _, _, m in rows if mode == chosen)

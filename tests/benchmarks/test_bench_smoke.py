@@ -294,10 +294,11 @@ def test_bench_search(tmp_path, job_root):
     rows = [r for r in out.splitlines() if r.startswith("| d")]
     assert len(rows) == 3, out  # d1, d2 and m2: sft's every plan on 2 workers
     for row in rows:
-        _, plan, predicted, measured, error, rank, guessed, guess_error = [
-            c.strip() for c in row.split("|")[:8]
+        _, plan, predicted, measured, error, rank, guessed, guess_error, rounds = [
+            c.strip() for c in row.split("|")[:9]
         ]
         assert float(predicted) > 0 and float(measured) > 0 and re.fullmatch(rf"[+-]{NUMBER} %", error), row
+        assert rounds == measured, row  # one round in the smoke run: its mean is that run's
         if plan.startswith("d1m1p1"):  # the interpolation search had one worker: d1 alone
             assert float(guessed) > 0 and re.fullmatch(rf"[+-]{NUMBER} %", guess_error), row
     assert sum("(chosen)" in r for r in rows) == 1

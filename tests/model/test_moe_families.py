@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 import transformers
-from model_fixtures import VOCAB, packed
+from model_fixtures import MOE_HF_CONFIGS, VOCAB, packed
 from safetensors import safe_open
 
 from realrl.api.core.config import ModelName
@@ -35,39 +35,8 @@ from realrl.impl.model.nn.moe import MoE
 from realrl.impl.model.nn.moe_stats import router_stats_of
 from realrl.impl.model.nn.real_model import ReaLModel
 
-SIZES = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=VOCAB,
-    max_position_embeddings=128,
-    num_experts_per_tok=2,
-)
-HF_CONFIGS = {
-    "mixtral": lambda: transformers.MixtralConfig(
-        **SIZES, intermediate_size=24, num_local_experts=4, router_aux_loss_coef=0.02
-    ),
-    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
-        **SIZES,
-        intermediate_size=48,
-        moe_intermediate_size=24,
-        shared_expert_intermediate_size=40,
-        num_experts=4,
-        mlp_only_layers=[1],
-        router_aux_loss_coef=0.02,
-    ),
-    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
-        **SIZES,
-        intermediate_size=48,
-        moe_intermediate_size=24,
-        head_dim=16,
-        num_experts=4,
-        decoder_sparse_step=2,
-        norm_topk_prob=True,
-        router_aux_loss_coef=0.02,
-    ),
-}
+# the families' tiny configs are the model tests' own (model_fixtures.MOE_HF_CONFIGS)
+HF_CONFIGS = MOE_HF_CONFIGS
 FAMILIES = sorted(HF_CONFIGS)
 LENGTHS = [7, 1, 12, 3, 9]
 EOS = 1
@@ -113,7 +82,7 @@ def test_config_reads_the_sparse_layout(pair):
     assert [isinstance(layer.mlp, MoE) for layer in model.layers] == [
         cfg.is_moe_layer(i) for i in range(cfg.n_layers)
     ]
-    assert cfg.router_aux_loss_coef == pytest.approx(0.02)
+    assert cfg.router_aux_loss_coef == pytest.approx(0.1)  # the checkpoint's, not a default
 
 
 def test_packed_logits_match_transformers(pair):
@@ -137,7 +106,7 @@ def test_aux_loss_over_packed_sequences_equals_transformers(pair):
     per_layer = tuple(torch.cat(layer) for layer in zip(*(o.router_logits for o in outs)))
     ref = module.load_balancing_loss_func(per_layer, 4, 2)
     stats = router_stats_of(model(ids, cu))
-    assert stats is not None and stats.coef == pytest.approx(0.02)
+    assert stats is not None and stats.coef == pytest.approx(hf.config.router_aux_loss_coef)
     assert abs(stats.aux_loss.item() - ref.item()) < 1e-5, kind
     assert stats.load.shape == (len(model.config.moe_layers), 4)
     torch.testing.assert_close(stats.load.sum(1), torch.full((stats.load.shape[0],), 2.0))  # top-2
