@@ -271,14 +271,16 @@ def profile(
     n_workers: int,
     run: Runner,
     interpolate: bool = True,
+    fresh: bool = False,
 ) -> tuple[Profile, str, list[str]]:
     """The cached table for ``cfg``, completed by a run at ``cfg``'s shape for each layout it
     neither measured there nor can interpolate (``interpolate``: from two other shapes within
-    reach), and the bandwidth run on 2+ workers when it has none. ``run(config)``: runs one short
-    experiment and returns its step records. Returns the table, its file and the runs it took."""
+    reach), and the bandwidth run on 2+ workers when it has none; ``fresh``: an empty table
+    instead of the cached one, which it replaces. ``run(config)``: runs one short experiment and
+    returns its step records. Returns the table, its file and the runs it took."""
     key = profile_key(name, exp, cfg)
     path = cache_path(cfg.fileroot, key)
-    table = load(path)
+    table = Profile() if fresh else load(path)
     shape = Shape.of(exp)
     ran = []
     for layout in layouts:
@@ -363,6 +365,20 @@ def measure_plans(
         with open(path) as f:
             table.save(path, json.load(f)["key"])
     return {m: here.measured[m] for m in modes}, ran
+
+
+STALE = 0.15  # plans run briefly all this far off their predictions, one way: the costs look stale
+
+
+def drift(predicted: dict[str, float], measured: dict[str, float]) -> float | None:
+    """How far the plans run briefly measured from their predictions (the median of measured /
+    predicted - 1) when every one of them missed by more than ``STALE`` the same way, else None:
+    a whole profile off by one factor is what a machine whose speed changed since it was
+    measured gives (the ranking may still hold; the predicted seconds do not)."""
+    ratios = sorted(measured[m] / predicted[m] - 1 for m in measured if predicted.get(m))
+    if not ratios or not (all(r > STALE for r in ratios) or all(r < -STALE for r in ratios)):
+        return None
+    return statistics.median(ratios)
 
 
 def _short(cfg: CommonExperimentConfig, allocation_mode: str, trial: str) -> CommonExperimentConfig:

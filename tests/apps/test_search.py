@@ -14,7 +14,7 @@ import pytest
 
 from realrl.api.core.layout import Layout
 from realrl.apps.configs import build_config, register_everything
-from realrl.apps.profiles import Shape, profile
+from realrl.apps.profiles import Shape, drift, load, profile
 from realrl.apps.run import plan_phases, run_quickstart
 
 TINY = ["exp_ctrl.total_train_steps=3", "dataset.train_bs_n_seqs=8"]
@@ -58,6 +58,40 @@ def test_the_profile_is_measured_once_and_a_missing_layout_alone_is_run(tmp_path
     assert (runs, same_path) == ([], path) and again.points == first.points  # cached: nothing runs
     _, _, runs = profile("sft", cfg, exp, [Layout(), Layout(2), Layout(1, 2)], 2, run)
     assert runs == ["d1m2p1"]  # only what the cache lacks
+    slower, _, runs = profile(
+        "sft", cfg, exp, [Layout()], 2, _fake_run({"trainDefault": 0.08}, []), fresh=True
+    )
+    assert runs == ["d1m1p1"]  # search.reprofile: measured again, the cached table replaced
+    assert load(path).point(shape).calls == {("trainDefault", "d1m1p1"): 0.08} == slower.point(shape).calls
+
+
+def test_the_best_plan_of_each_kind_within_the_simulator_s_error_runs_too():
+    """A fitted contention can rank every overlapping plan below a row of sequential ones; the
+    best overlapping plan still runs when predicted within 15 % of the best (and vice versa)."""
+    from realrl.apps.search import to_verify
+    from realrl.system.plan_search import Candidate
+    from realrl.system.simulator import Simulation
+
+    def plan(mode: str, seconds: float, overlap: float) -> Candidate:
+        return Candidate(mode, Simulation(seconds, {"train": seconds}, 0.0, {}, overlap), None)
+
+    sequential = [plan(f"seq{i}", 0.60 + 0.01 * i, 0.0) for i in range(4)]
+    side_by_side = plan("overlap", 0.66, 0.4)
+    assert to_verify([*sequential, side_by_side], 3) == ["seq0", "seq1", "seq2", "overlap"]
+    assert to_verify([*sequential, plan("overlap", 0.70, 0.4)], 3) == ["seq0", "seq1", "seq2"]  # 17 % behind
+    overlapping = [plan(f"ov{i}", 0.50 + 0.01 * i, 0.3) for i in range(3)]
+    assert to_verify([*overlapping, plan("seq", 0.55, 0.0)], 2) == ["ov0", "ov1", "seq"]  # the other way round
+    assert to_verify([*sequential[:1], side_by_side], 3) == ["seq0", "overlap"]  # no plan twice
+    assert to_verify([], 3) == []
+
+
+def test_plans_that_all_miss_their_predictions_one_way_flag_a_stale_profile():
+    predicted = {"a": 1.0, "b": 2.0, "c": 4.0}
+    assert drift(predicted, {"a": 1.3, "b": 2.5, "c": 4.8}) == pytest.approx(0.25)  # all 20-30 % slower
+    assert drift(predicted, {"a": 0.7, "b": 1.6}) == pytest.approx(-0.25)
+    assert drift(predicted, {"a": 1.3, "b": 1.9}) is None  # one within 15 %: noise, not a stale table
+    assert drift(predicted, {"a": 1.3, "b": 1.5}) is None  # both ways
+    assert drift(predicted, {}) is None
 
 
 def _sized_run(per_token: float, fixed: float, ran: list[str]):
@@ -125,7 +159,7 @@ def test_the_contention_is_the_one_that_replays_the_measured_overlapping_plan(tm
 def test_the_plan_chosen_is_the_fastest_of_the_best_predicted_run_briefly(tmp_path):
     """The search's top predictions run briefly (once: the seconds are cached) and the fastest
     measured is the plan to run, whatever the prediction said."""
-    from realrl.apps.profiles import load, measure_plans
+    from realrl.apps.profiles import measure_plans
     from realrl.apps.search import PlanSearch
     from realrl.system.plan_search import search
 

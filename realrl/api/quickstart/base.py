@@ -42,6 +42,9 @@ class PlanSearchOptions:
     # costs=profile: the best plans (distinct predictions) also run briefly; the fastest measured
     # is chosen (0: the best predicted)
     verify: int = 3
+    # costs=profile: measure every cost again, replacing the cached profile (after the machine's
+    # speed changed: the search says so when the plans it runs all miss their predictions one way)
+    reprofile: bool = False
 
     def __post_init__(self) -> None:
         if self.costs not in ("profile", "paper"):
