@@ -44,7 +44,9 @@ MIXES = [  # bench_layouts.py's per-call candidates
 ]
 
 
-def measure(experiment: str, mode: str, steps: int, fileroot: str, extra: list[str], round_: int = 0) -> float:
+def measure(
+    experiment: str, mode: str, steps: int, fileroot: str, extra: list[str], round_: int = 0
+) -> float:
     """The median step gap of a run of ``mode`` (seconds)."""
     trial = "".join(c if c.isalnum() else "-" for c in mode) + (f"-r{round_}" if round_ else "")
     cmd = [sys.executable, "-m", "realrl.apps.quickstart", experiment, f"fileroot={fileroot}"]

@@ -80,7 +80,11 @@ def test_the_best_plan_of_each_kind_within_the_simulator_s_error_runs_too():
     assert to_verify([*sequential, side_by_side], 3) == ["seq0", "seq1", "seq2", "overlap"]
     assert to_verify([*sequential, plan("overlap", 0.70, 0.4)], 3) == ["seq0", "seq1", "seq2"]  # 17 % behind
     overlapping = [plan(f"ov{i}", 0.50 + 0.01 * i, 0.3) for i in range(3)]
-    assert to_verify([*overlapping, plan("seq", 0.55, 0.0)], 2) == ["ov0", "ov1", "seq"]  # the other way round
+    assert to_verify([*overlapping, plan("seq", 0.55, 0.0)], 2) == [
+        "ov0",
+        "ov1",
+        "seq",
+    ]  # the other way round
     assert to_verify([*sequential[:1], side_by_side], 3) == ["seq0", "overlap"]  # no plan twice
     assert to_verify([], 3) == []
 
