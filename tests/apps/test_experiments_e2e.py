@@ -194,7 +194,9 @@ def test_ppo_training_and_generating_in_different_layouts_gives_the_same_statist
 @pytest.mark.parametrize(
     "name, layout, extra",
     [
-        ("ppo", "allocation_mode=d1m1p2", PPO_EXTRA),
+        # the default suite runs every family through two and three stages against one worker in
+        # tests/parallel/test_pipeline_engines.py, without the command line
+        pytest.param("ppo", "allocation_mode=d1m1p2", PPO_EXTRA, marks=pytest.mark.slow),
         # trains on two stages, generates as two whole replicas: the weights move between them
         pytest.param(
             "ppo",
