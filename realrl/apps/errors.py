@@ -5,12 +5,11 @@ missing file, a malformed data row) is one line naming the key, or the file and 
 was expected, and exit status 2 (the status of a usage error in POSIX utilities), with no
 traceback: the traceback would point into realrl, not at what to change. ``debug=true`` on the
 command line, or ``HYDRA_FULL_ERROR=1`` in the environment (hydra's switch, kept for habit), shows
-the traceback as well. Anything else (a worker crash, a bug) keeps its full message and exits 1.
+the traceback as well (``realrl.apps.overrides.wants_traceback``). Anything else (a worker crash, a bug) keeps its full message and exits 1.
 """
 
 from __future__ import annotations
 
-import os
 import re
 
 EXIT_FAILED = 1
@@ -20,7 +19,6 @@ EXIT_USER_ERROR = 2
 _DATA_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?DataError: ", re.MULTILINE)
 # omegaconf appends where an error happened on lines of their own; the key is named already
 _OMEGACONF_DETAIL = re.compile(r"^\s*(full_key|reference_type|object_type)[:=]")
-_TRUE = ("true", "yes", "on", "1")
 
 
 class UserError(ValueError):
@@ -57,22 +55,3 @@ def data_error_message(exc: BaseException) -> str | None:
 def _is_last_exception(text: str, start: int) -> bool:
     """Nothing but the message follows the exception line at ``start`` (no further traceback)."""
     return "Traceback (most recent call last)" not in text[start:]
-
-
-def wants_traceback(argv: list[str]) -> bool:
-    """``debug=true`` among the arguments (read by hydra's parser before any config exists) or
-    HYDRA_FULL_ERROR=1."""
-    from realrl.apps.overrides import parse_override
-
-    if os.environ.get("HYDRA_FULL_ERROR", "").strip().lower() in _TRUE:
-        return True
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue  # a flag or the experiment
-        try:
-            override = parse_override(arg)
-        except UserError:
-            continue  # reported once the config is built
-        if override.key_or_group == "debug" and str(override.value()).strip().lower() in _TRUE:
-            return True
-    return False

@@ -8,6 +8,7 @@ commas that is not a list (``allocation_mode=actor:d2,*:d1``) is the text itself
 message suggests (quoting it). omegaconf (through hydra's compose) checks keys and types, the
 config dataclasses' ``__post_init__`` the values; either way the message names the key: a check
 in a nested group (``actor.optimizer``) gets the group's key, an unknown key the closest known one.
+``wants_traceback`` reads ``debug=true`` from the raw arguments, before any config exists.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
 
 from realrl.apps.errors import UserError, one_line
+
+_TRUE = ("true", "yes", "on", "1")
 
 
 def parse_override(override: str) -> Any:
@@ -225,3 +229,20 @@ def check_numbers(cfg: Any, prefix: str = "") -> None:
         values = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(v, float) and math.isnan(v) for v in values):
             raise UserError(f"{key}={value}: not a number; give a finite value")
+
+
+def wants_traceback(argv: list[str]) -> bool:
+    """``debug=true`` among the arguments (read by hydra's parser before any config exists) or
+    HYDRA_FULL_ERROR=1."""
+    if os.environ.get("HYDRA_FULL_ERROR", "").strip().lower() in _TRUE:
+        return True
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue  # a flag or the experiment
+        try:
+            override = parse_override(arg)
+        except UserError:
+            continue  # reported once the config is built
+        if override.key_or_group == "debug" and str(override.value()).strip().lower() in _TRUE:
+            return True
+    return False

@@ -31,9 +31,8 @@ from realrl.apps.errors import (
     UserError,
     data_error_message,
     one_line,
-    wants_traceback,
 )
-from realrl.apps.overrides import parse_override, to_object
+from realrl.apps.overrides import parse_override, to_object, wants_traceback
 from realrl.apps.signals import exit_code, interrupted_message, stop_on_signals
 from realrl.base import logging
 from realrl.system.standby import StandbyWorkers
