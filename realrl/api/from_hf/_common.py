@@ -15,10 +15,10 @@ ReaLModel's parameter names (the converters map to and from these):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from realrl.api.core.model_api import ReaLModelConfig
+from realrl.api.core.model_api import HFFamily, ReaLModelConfig, register_hf_family
 
 
 class HFConfig:
@@ -69,6 +69,29 @@ def hf_config_dict(model_type: str, architecture: str, **fields: Any) -> dict[st
     """What a family's ``config_to_hf`` returns: the ``config.json`` of ``model_type`` holding
     ``fields`` (transformers fills the rest with its class defaults when it loads the file)."""
     return {"model_type": model_type, "architectures": [architecture], **fields}
+
+
+def register_family(
+    name: str,
+    config_from_hf: Callable[[Any], ReaLModelConfig],
+    config_to_hf: Callable[[ReaLModelConfig], dict[str, Any]],
+    sd_from_hf: Callable,
+    sd_to_hf: Callable,
+) -> HFFamily:
+    """Register the family ``name`` for the HF ``model_type`` of the same name, its parameters
+    named as every ReaLModel's (``embedding_param_names``, ``tblock_param_names``,
+    ``head_param_names``)."""
+    return register_hf_family(
+        name,
+        name,
+        config_from_hf,
+        config_to_hf,
+        sd_from_hf,
+        sd_to_hf,
+        embedding_param_names,
+        tblock_param_names,
+        head_param_names,
+    )
 
 
 def embedding_param_names(cfg: ReaLModelConfig) -> list[str]:

@@ -1,16 +1,19 @@
-"""Key remapping shared by the llama-shaped families (llama, mistral, qwen2, qwen3).
+"""Key remapping and registration shared by the llama-shaped families (llama, mistral, qwen2,
+qwen3, and the Mixture-of-Experts ones through ``_moe``).
 
 These families differ only in their config (biases, q/k norm, sliding window), not in their
-parameter names, so one table maps them all; each family file owns its config translation.
+parameter names, so one table maps them all; each family file owns its config translation and
+registers it with ``register_llama_like``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from realrl.api.core.model_api import ReaLModelConfig
-from realrl.api.from_hf._common import hf_config_dict, rope_from_hf, rope_to_hf, token_ids
+from realrl.api.core.model_api import HFFamily, ReaLModelConfig
+from realrl.api.from_hf._common import hf_config_dict, register_family, rope_from_hf, rope_to_hf, token_ids
 
 if TYPE_CHECKING:  # converters run in workers; reading configs needs no torch
     import torch
@@ -80,9 +83,26 @@ class KeyMap:
         return _remap(sd, self.to_table, f"{self.what} sd_to_hf")
 
 
-_DENSE = KeyMap(TABLE, "llama-like")
-sd_from_hf = _DENSE.sd_from_hf
-sd_to_hf = _DENSE.sd_to_hf
+class StateDictConverters(Protocol):
+    """A family's state-dict converters: a ``KeyMap``, or ``_moe.MoEKeyMap`` for sparse blocks."""
+
+    def sd_from_hf(self, sd: dict[str, torch.Tensor], cfg: ReaLModelConfig) -> dict[str, torch.Tensor]: ...
+
+    def sd_to_hf(self, sd: dict[str, torch.Tensor], cfg: ReaLModelConfig) -> dict[str, torch.Tensor]: ...
+
+
+DENSE_KEYS = KeyMap(TABLE, "llama-like")
+
+
+def register_llama_like(
+    name: str,
+    config_from_hf: Callable[[Any], ReaLModelConfig],
+    config_to_hf: Callable[[ReaLModelConfig], dict[str, Any]],
+    keys: StateDictConverters = DENSE_KEYS,
+) -> HFFamily:
+    """Register the llama-shaped family ``name`` (its HF ``model_type`` too) with its config
+    translation; its parameters map by ``keys`` (the dense llama table unless it has experts)."""
+    return register_family(name, config_from_hf, config_to_hf, keys.sd_from_hf, keys.sd_to_hf)
 
 
 def config_from_hf(hf: Any, **fields: Any) -> ReaLModelConfig:

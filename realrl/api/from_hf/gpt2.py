@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
+from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.from_hf import _common
 
 if TYPE_CHECKING:  # converters run in workers; reading configs needs no torch
@@ -190,14 +190,4 @@ def config_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
     )
 
 
-register_hf_family(
-    "gpt2",
-    "gpt2",
-    config_from_hf,
-    config_to_hf,
-    sd_from_hf,
-    sd_to_hf,
-    _common.embedding_param_names,
-    _common.tblock_param_names,
-    _common.head_param_names,
-)
+_common.register_family("gpt2", config_from_hf, config_to_hf, sd_from_hf, sd_to_hf)

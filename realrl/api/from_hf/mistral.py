@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
+from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.from_hf import _common, _llama_like
 
 # transformers' MistralConfig defaults for what config_from_hf reads
@@ -35,14 +35,4 @@ def config_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
     return _llama_like.config_to_hf(cfg, "mistral", "MistralForCausalLM", sliding_window=cfg.sliding_window)
 
 
-register_hf_family(
-    "mistral",
-    "mistral",
-    config_from_hf,
-    config_to_hf,
-    _llama_like.sd_from_hf,
-    _llama_like.sd_to_hf,
-    _common.embedding_param_names,
-    _common.tblock_param_names,
-    _common.head_param_names,
-)
+_llama_like.register_llama_like("mistral", config_from_hf, config_to_hf)

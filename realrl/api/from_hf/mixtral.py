@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
+from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.from_hf import _common, _llama_like, _moe
 
 # transformers' MixtralConfig defaults for what config_from_hf reads (its rope_theta: 1e6)
@@ -70,14 +70,4 @@ def config_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
     )
 
 
-register_hf_family(
-    "mixtral",
-    "mixtral",
-    config_from_hf,
-    config_to_hf,
-    KEYS.sd_from_hf,
-    KEYS.sd_to_hf,
-    _common.embedding_param_names,
-    _common.tblock_param_names,
-    _common.head_param_names,
-)
+_llama_like.register_llama_like("mixtral", config_from_hf, config_to_hf, KEYS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
+from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.from_hf import _common, _llama_like
 from realrl.api.from_hf._sliding import uniform_sliding_window
 
@@ -42,14 +42,4 @@ def config_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
     )
 
 
-register_hf_family(
-    "qwen3",
-    "qwen3",
-    config_from_hf,
-    config_to_hf,
-    _llama_like.sd_from_hf,
-    _llama_like.sd_to_hf,
-    _common.embedding_param_names,
-    _common.tblock_param_names,
-    _common.head_param_names,
-)
+_llama_like.register_llama_like("qwen3", config_from_hf, config_to_hf)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from realrl.api.core.model_api import ReaLModelConfig, register_hf_family
+from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.from_hf import _common, _llama_like, _moe
 
 # transformers' Qwen3MoeConfig defaults for what config_from_hf reads (no head_dim of its own:
@@ -65,14 +65,4 @@ def config_to_hf(cfg: ReaLModelConfig) -> dict[str, Any]:
     )
 
 
-register_hf_family(
-    "qwen3_moe",
-    "qwen3_moe",
-    config_from_hf,
-    config_to_hf,
-    KEYS.sd_from_hf,
-    KEYS.sd_to_hf,
-    _common.embedding_param_names,
-    _common.tblock_param_names,
-    _common.head_param_names,
-)
+_llama_like.register_llama_like("qwen3_moe", config_from_hf, config_to_hf, KEYS)
