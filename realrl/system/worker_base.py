@@ -18,7 +18,8 @@ from realrl.api.core.system_api import Timeouts
 from realrl.base import logging
 from realrl.base.name_resolve import NameRecordRepository
 from realrl.system import names
-from realrl.system.request_reply_stream import Codec, Message, WorkerStream, format_exception
+from realrl.system.signed_messages import Codec, Message, format_exception
+from realrl.system.worker_stream import WorkerStream
 
 logger = logging.getLogger("worker")
 

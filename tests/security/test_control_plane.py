@@ -14,18 +14,17 @@ import zmq
 from realrl.api.core.system_api import Timeouts
 from realrl.base.name_resolve import make_repository
 from realrl.system import names
-from realrl.system.request_reply_stream import (
+from realrl.system.request_reply_stream import MasterStream, WorkerError
+from realrl.system.signed_messages import (
     HEARTBEAT_SUFFIX,
     MAX_FRAME_BYTES,
     RCV_QUEUE,
     Codec,
-    MasterStream,
     Message,
     MessageTooLargeError,
-    WorkerError,
-    WorkerStream,
 )
 from realrl.system.worker_base import SeenIds, WorkerBase
+from realrl.system.worker_stream import WorkerStream
 
 SECRET = b"s" * 32
 

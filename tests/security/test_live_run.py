@@ -20,7 +20,7 @@ from realrl.base import config_json
 from realrl.base.name_resolve import make_repository
 from realrl.system import names
 from realrl.system.launcher import WORKER_CONFIGS
-from realrl.system.request_reply_stream import HEARTBEAT_SUFFIX, Codec, Message
+from realrl.system.signed_messages import HEARTBEAT_SUFFIX, Codec, Message
 
 SECRET = bytes(range(32))
 LOOPBACK = {"127.0.0.1", "::1"}

@@ -10,15 +10,9 @@ import time
 import pytest
 import zmq
 
-from realrl.system.request_reply_stream import (
-    Codec,
-    ForeignMessageError,
-    MasterStream,
-    Message,
-    RequestTimeoutError,
-    WorkerError,
-    WorkerStream,
-)
+from realrl.system.request_reply_stream import MasterStream, RequestTimeoutError, WorkerError
+from realrl.system.signed_messages import Codec, ForeignMessageError, Message
+from realrl.system.worker_stream import WorkerStream
 
 SECRET = b"s" * 32
 
