@@ -30,6 +30,7 @@ import json
 
 import numpy as np
 
+from realrl.impl.dataset.toy.model_config import DecoderShape, tiny_decoder_config
 from realrl.impl.dataset.toy.task_files import TaskFiles, build_once, task_paths
 from realrl.impl.dataset.toy.word_tokenizer import BOS, EOS, PAD, UNK, save_word_level_tokenizer
 from realrl.impl.rewards.math_answer import math_answer_reward
@@ -38,6 +39,7 @@ ANSWER_MARKER = "####"
 DIGITS = tuple("0123456789")
 SYMBOLS = ("+", "-", "*", "=", "?", ANSWER_MARKER)
 TOKENS = (PAD, BOS, EOS, UNK) + DIGITS + SYMBOLS
+ARITH_DECODER = DecoderShape(n_layers=4, hidden_dim=128, intermediate_dim=384)  # also the calc task's
 OPS = ("+", "-", "*")
 MAX_VALID_SHARE = 0.2  # of each pool of training problems
 
@@ -221,22 +223,7 @@ def max_answer_tokens(cfg: ArithTaskConfig) -> int:
 def arith_model_config(n_positions: int = 32) -> dict:
     """The arithmetic task's tiny llama-family decoder (d=128, 4 layers, 4 heads; 0.86M
     parameters). A ``ReaLModelConfig`` field dict: what the "real_model" factory takes as ``config=``."""
-    return {
-        "n_layers": 4,
-        "n_q_heads": 4,
-        "n_kv_heads": 4,
-        "hidden_dim": 128,
-        "intermediate_dim": 384,
-        "vocab_size": len(TOKENS),
-        "n_positions": n_positions,
-        "layer_norm_type": "rms",
-        "mlp_type": "gated",
-        "activation_function": "silu",
-        "tied_embedding": False,
-        "bos_token_id": TOKENS.index(BOS),
-        "eos_token_id": TOKENS.index(EOS),
-        "pad_token_id": TOKENS.index(PAD),
-    }
+    return tiny_decoder_config(ARITH_DECODER, TOKENS, n_positions)
 
 
 def exact_match(completions: list[str], answers: list[str]) -> float:

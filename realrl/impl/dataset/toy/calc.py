@@ -41,7 +41,8 @@ import re
 
 import numpy as np
 
-from realrl.impl.dataset.toy.arith import teacher_mistake
+from realrl.impl.dataset.toy.arith import ARITH_DECODER, teacher_mistake
+from realrl.impl.dataset.toy.model_config import tiny_decoder_config
 from realrl.impl.dataset.toy.task_files import TaskFiles, build_once, task_paths
 from realrl.impl.dataset.toy.word_tokenizer import BOS, EOS, PAD, UNK, save_word_level_tokenizer
 from realrl.impl.envs.calculator import (
@@ -338,19 +339,4 @@ def _rl_rows(problems: list[Problem]) -> list[dict]:
 def calc_model_config(n_positions: int = 96) -> dict:
     """The task's tiny llama-family decoder (the arithmetic task's: d=128, 4 layers, 4 heads),
     with room for a three-operation trajectory. A ``ReaLModelConfig`` field dict."""
-    return {
-        "n_layers": 4,
-        "n_q_heads": 4,
-        "n_kv_heads": 4,
-        "hidden_dim": 128,
-        "intermediate_dim": 384,
-        "vocab_size": len(TOKENS),
-        "n_positions": n_positions,
-        "layer_norm_type": "rms",
-        "mlp_type": "gated",
-        "activation_function": "silu",
-        "tied_embedding": False,
-        "bos_token_id": TOKENS.index(BOS),
-        "eos_token_id": TOKENS.index(EOS),
-        "pad_token_id": TOKENS.index(PAD),
-    }
+    return tiny_decoder_config(ARITH_DECODER, TOKENS, n_positions)

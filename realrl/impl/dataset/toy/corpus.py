@@ -18,9 +18,12 @@ import numpy as np
 
 from realrl.api.core.model_api import register_reward_fn
 from realrl.impl.dataset.dschat.split import phase_indices
+from realrl.impl.dataset.toy.model_config import DecoderShape, tiny_decoder_config
 from realrl.impl.dataset.toy.task_files import write_jsonl
 from realrl.impl.dataset.toy.vocab import PERIOD, SEPARATOR, ToyVocab
 from realrl.impl.interface.rule_reward import word_sentiment_reward
+
+TOY_DECODER = DecoderShape(n_layers=2, hidden_dim=64, intermediate_dim=256)
 
 
 @dataclasses.dataclass
@@ -223,9 +226,7 @@ def toy_model_config(
     in the dense model (about the same active parameters) while the model holds ``n_experts / top_k``
     times the MLP weights; top-k weights renormalised, as Mixtral's router does.
     """
-    vocab = vocab or ToyVocab()
-    tokens = vocab.tokens
-    inner = 256
+    inner = TOY_DECODER.intermediate_dim
     moe = {}
     if n_experts:
         moe = {
@@ -234,20 +235,4 @@ def toy_model_config(
             "moe_intermediate_dim": inner // top_k,
             "norm_topk_prob": True,
         }
-    return {
-        "n_layers": 2,
-        "n_q_heads": 4,
-        "n_kv_heads": 4,
-        "hidden_dim": 64,
-        "intermediate_dim": inner,
-        "vocab_size": len(tokens),
-        "n_positions": n_positions,
-        "layer_norm_type": "rms",
-        "mlp_type": "gated",
-        "activation_function": "silu",
-        "tied_embedding": False,
-        "bos_token_id": tokens.index("<bos>"),
-        "eos_token_id": tokens.index("<eos>"),
-        "pad_token_id": tokens.index("<pad>"),
-        **moe,
-    }
+    return tiny_decoder_config(TOY_DECODER, (vocab or ToyVocab()).tokens, n_positions, **moe)
