@@ -12,10 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from realrl.api.core.model_api import GenerationHyperparameters
-from realrl.experiments.tasks.base import EmbeddedTask, Recipe, final_checkpoint, register_task, sft_recipe
+from realrl.experiments.tasks.base import (
+    ONE_THREAD,
+    Recipe,
+    before_after,
+    register_answer_task,
+    rl_recipe,
+)
 from realrl.impl.dataset.toy.arith import ArithTaskConfig, arith_model_config, arith_paths, build_arith_task
 
-ONE_THREAD = ("torch_threads=1",)
 MAX_NEW_TOKENS = 5  # "####", up to three digits, EOS
 SFT_PRESET = ONE_THREAD + (
     "exp_ctrl.total_train_epochs=10",
@@ -42,7 +47,6 @@ RL_PRESET = ONE_THREAD + (
     "ppo.kl_loss_coef=0.0",
     "reward_fn=math_answer",
 )
-RL_FILES = {"dataset.path": "rl_train", "dataset.valid_path": "rl_valid", "tokenizer_path": "tokenizer"}
 
 
 def exact_match_before_after(cfg: Any) -> dict[str, Any]:
@@ -50,18 +54,16 @@ def exact_match_before_after(cfg: Any) -> dict[str, Any]:
     from realrl.experiments.toy_eval import evaluate_policy
     from realrl.impl.rewards.math_answer import math_answer_reward
 
-    paths = arith_paths(ARITH.data_dir(cfg.fileroot, cfg.seed))
-    before_path = cfg.ref.path or cfg.actor.path
-    after_path = final_checkpoint(cfg.fileroot, cfg.experiment_name, cfg.trial_name, "actor")
+    run = before_after(ARITH, cfg)
     greedy = GenerationHyperparameters(max_new_tokens=MAX_NEW_TOKENS, greedy=True)
 
     def score(prompts: list[str], completions: list[str], metadata: dict[str, list]) -> list[float]:
         return math_answer_reward(prompts, completions, answer=metadata["answer"])
 
-    tok, valid, n = paths["tokenizer"], paths["rl_valid"], cfg.toy_eval_prompts
+    tok, valid, n = run.files["tokenizer"], run.files["rl_valid"], cfg.toy_eval_prompts
     common = dict(metadata_keys=("answer",), seed=cfg.seed)
-    before = evaluate_policy(before_path, None, tok, valid, greedy, score, n, **common)
-    after = evaluate_policy(after_path, before_path, tok, valid, greedy, score, n, **common)
+    before = evaluate_policy(run.before, None, tok, valid, greedy, score, n, **common)
+    after = evaluate_policy(run.after, run.before, tok, valid, greedy, score, n, **common)
     return {
         "sft_accuracy": before.reward_mean,
         "accuracy": after.reward_mean,
@@ -71,38 +73,26 @@ def exact_match_before_after(cfg: Any) -> dict[str, Any]:
     }
 
 
-def _build(data_dir: str, seed: int) -> dict[str, str]:
-    return build_arith_task(data_dir, ArithTaskConfig(seed=seed))
+RL_RECIPE = rl_recipe(RL_PRESET, exact_match_before_after)
 
-
-RL_RECIPE = Recipe(RL_PRESET, RL_FILES, {"actor.path": "sft"}, summarize=exact_match_before_after)
-
-ARITH = register_task(
-    EmbeddedTask(
-        name="arith",
-        label="arith",
-        doc="two-digit addition and subtraction checked against reference answers",
-        build=_build,
-        paths=arith_paths,
-        model_config=arith_model_config,
-        recipes={
-            "sft": sft_recipe(SFT_PRESET),
-            # PPO's critic starts from the SFT model, as there is no reward model
-            "ppo": Recipe(
-                RL_PRESET + ("ppo.gen.n=1", "dataset.train_bs_n_seqs=128", "critic.optimizer.lr=1e-3"),
-                RL_FILES,
-                {"actor.path": "sft"},
-                summarize=exact_match_before_after,
-            ),
-            "grpo": RL_RECIPE,
-            "rloo": RL_RECIPE,
-            "reinforce_pp": RL_RECIPE,
-            "remax": RL_RECIPE,
-            "gen": Recipe(
-                ONE_THREAD + (f"gen.max_new_tokens={MAX_NEW_TOKENS}", "gen.greedy=true"),
-                {"dataset.path": "rl_valid", "tokenizer_path": "tokenizer"},
-                {"model.path": "sft"},
-            ),
-        },
-    )
+ARITH = register_answer_task(
+    "arith",
+    "two-digit addition and subtraction checked against reference answers",
+    build_arith_task,
+    ArithTaskConfig,
+    arith_paths,
+    arith_model_config,
+    SFT_PRESET,
+    RL_RECIPE,
+    # PPO's critic starts from the SFT model, as there is no reward model
+    ppo=rl_recipe(
+        RL_PRESET + ("ppo.gen.n=1", "dataset.train_bs_n_seqs=128", "critic.optimizer.lr=1e-3"),
+        exact_match_before_after,
+    ),
+    remax=RL_RECIPE,
+    gen=Recipe(
+        ONE_THREAD + (f"gen.max_new_tokens={MAX_NEW_TOKENS}", "gen.greedy=true"),
+        {"dataset.path": "rl_valid", "tokenizer_path": "tokenizer"},
+        {"model.path": "sft"},
+    ),
 )

@@ -11,6 +11,7 @@ whether they run on a task: they read ordinary paths, as with a user's files and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -101,6 +102,78 @@ def sft_recipe(preset: tuple[str, ...]) -> Recipe:
         "tokenizer_path": "tokenizer",
     }
     return Recipe(preset, files)
+
+
+# every recipe's first option: the task models are tiny, and one thread per worker beats several
+# (per-op overhead dominates)
+ONE_THREAD = ("torch_threads=1",)
+# the RL prompts of a task written by ``realrl.impl.dataset.toy.task_files``, with reference answers
+RL_FILES = {"dataset.path": "rl_train", "dataset.valid_path": "rl_valid", "tokenizer_path": "tokenizer"}
+GROUP_EXPERIMENTS = ("grpo", "rloo", "reinforce_pp")  # group-relative RL: one recipe serves them all
+
+
+def rl_recipe(preset: tuple[str, ...], summarize: Callable[[Any], dict[str, Any]]) -> Recipe:
+    """Reinforcement learning from the SFT policy on a task's ``rl_train`` / ``rl_valid`` prompts."""
+    return Recipe(preset, RL_FILES, {"actor.path": "sft"}, summarize=summarize)
+
+
+def register_answer_task(
+    name: str,
+    doc: str,
+    build_files: Callable[[str, Any], dict[str, str]],
+    task_config: Callable[..., Any],
+    paths: Callable[[str], dict[str, str]],
+    model_config: Callable[[], dict[str, Any]],
+    sft_preset: tuple[str, ...],
+    group_recipe: Recipe,
+    **more_recipes: Recipe,
+) -> EmbeddedTask:
+    """Register a task of supervised rows and RL prompts with reference answers (named and
+    labelled ``name``), its files written by ``build_files(data_dir, task_config(seed=seed))``:
+    supervised on ``sft_preset``, ``group_recipe`` for each group-relative RL experiment
+    (``GROUP_EXPERIMENTS``), and ``more_recipes`` by experiment name."""
+    recipes = {
+        "sft": sft_recipe(sft_preset),
+        **dict.fromkeys(GROUP_EXPERIMENTS, group_recipe),
+        **more_recipes,
+    }
+    task = EmbeddedTask(
+        name=name,
+        label=name,
+        doc=doc,
+        build=functools.partial(_build_seeded, build_files, task_config),
+        paths=paths,
+        model_config=model_config,
+        recipes=recipes,
+    )
+    return register_task(task)
+
+
+def _build_seeded(
+    build_files: Callable[[str, Any], dict[str, str]],
+    task_config: Callable[..., Any],
+    data_dir: str,
+    seed: int,
+) -> dict[str, str]:
+    return build_files(data_dir, task_config(seed=seed))
+
+
+@dataclasses.dataclass(frozen=True)
+class BeforeAfter:
+    """What a task's summary compares on its held-out data: the policy before RL and after."""
+
+    files: dict[str, str]  # the task's file name -> path
+    before: str  # the policy RL started from (the reference, else the actor's initial weights)
+    after: str  # the run's final actor checkpoint
+
+
+def before_after(task: EmbeddedTask, cfg: Any) -> BeforeAfter:
+    """The files and the two policies of the run configured by ``cfg`` on ``task``."""
+    return BeforeAfter(
+        task.paths(task.data_dir(cfg.fileroot, cfg.seed)),
+        cfg.ref.path or cfg.actor.path,
+        final_checkpoint(cfg.fileroot, cfg.experiment_name, cfg.trial_name, "actor"),
+    )
 
 
 def final_checkpoint(fileroot: str, experiment_name: str, trial_name: str, role: str) -> str:

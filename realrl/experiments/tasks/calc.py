@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from realrl.experiments.tasks.base import EmbeddedTask, Recipe, final_checkpoint, register_task, sft_recipe
+from realrl.experiments.tasks.base import ONE_THREAD, before_after, register_answer_task, rl_recipe
 from realrl.impl.dataset.toy.calc import CalcTaskConfig, build_calc_task, calc_model_config, calc_paths
 
-ONE_THREAD = ("torch_threads=1",)
 MAX_TURNS = 4  # three calls (three operations) and the answer
 MAX_NEW_TOKENS = 12  # per turn: "calc", two four-digit operands, an operator, EOS (and a spare)
 MAX_TOTAL_TOKENS = 64  # after the prompt: a three-operation trajectory is at most ~58
@@ -46,7 +45,6 @@ RL_PRESET = ONE_THREAD + (
     "ppo.ppo_n_minibatches=1",
     "ppo.kl_loss_coef=0.0",
 )
-RL_FILES = {"dataset.path": "rl_train", "dataset.valid_path": "rl_valid", "tokenizer_path": "tokenizer"}
 
 
 def tool_use_before_after(cfg: Any) -> dict[str, Any]:
@@ -55,13 +53,12 @@ def tool_use_before_after(cfg: Any) -> dict[str, Any]:
     from realrl.experiments.tasks.calc_eval import evaluate_tool_use
     from realrl.impl.interface.multi_turn import TurnBudget
 
-    paths = calc_paths(CALC.data_dir(cfg.fileroot, cfg.seed))
-    before_path = cfg.ref.path or cfg.actor.path
-    after_path = final_checkpoint(cfg.fileroot, cfg.experiment_name, cfg.trial_name, "actor")
+    run = before_after(CALC, cfg)
     budget = TurnBudget(cfg.ppo.max_turns, cfg.ppo.gen.max_new_tokens, cfg.ppo.max_total_tokens)
     common = dict(n_prompts=cfg.toy_eval_prompts, seed=cfg.seed, timeout=cfg.env_timeout)
-    before = evaluate_tool_use(before_path, paths["tokenizer"], paths["rl_valid"], budget, **common)
-    after = evaluate_tool_use(after_path, paths["tokenizer"], paths["rl_valid"], budget, **common)
+    tok, valid = run.files["tokenizer"], run.files["rl_valid"]
+    before = evaluate_tool_use(run.before, tok, valid, budget, **common)
+    after = evaluate_tool_use(run.after, tok, valid, budget, **common)
     return {
         **before.figures("sft_"),
         **after.figures(),
@@ -70,25 +67,13 @@ def tool_use_before_after(cfg: Any) -> dict[str, Any]:
     }
 
 
-def _build(data_dir: str, seed: int) -> dict[str, str]:
-    return build_calc_task(data_dir, CalcTaskConfig(seed=seed))
-
-
-RL_RECIPE = Recipe(RL_PRESET, RL_FILES, {"actor.path": "sft"}, summarize=tool_use_before_after)
-
-CALC = register_task(
-    EmbeddedTask(
-        name="calc",
-        label="calc",
-        doc="multi-step arithmetic solved with a calculator tool (multi-turn, env=calc)",
-        build=_build,
-        paths=calc_paths,
-        model_config=calc_model_config,
-        recipes={
-            "sft": sft_recipe(SFT_PRESET),
-            "grpo": RL_RECIPE,
-            "rloo": RL_RECIPE,
-            "reinforce_pp": RL_RECIPE,
-        },
-    )
+CALC = register_answer_task(
+    "calc",
+    "multi-step arithmetic solved with a calculator tool (multi-turn, env=calc)",
+    build_calc_task,
+    CalcTaskConfig,
+    calc_paths,
+    calc_model_config,
+    SFT_PRESET,
+    rl_recipe(RL_PRESET, tool_use_before_after),
 )

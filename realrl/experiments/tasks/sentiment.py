@@ -13,9 +13,10 @@ import functools
 from typing import Any
 
 from realrl.experiments.tasks.base import (
+    ONE_THREAD,
     EmbeddedTask,
     Recipe,
-    final_checkpoint,
+    before_after,
     get_task,
     register_task,
     sft_recipe,
@@ -25,8 +26,6 @@ from realrl.impl.dataset.toy.corpus import toy_model_config, toy_paths
 
 TOY_N_PROMPTS = 50000  # "2,4,4": ~10k SFT examples, ~16k RM pairs, ~20k PPO prompts
 
-# the toy model is tiny: one thread per worker beats several (per-op overhead dominates)
-ONE_THREAD = ("torch_threads=1",)
 SFT_PRESET = ONE_THREAD + (
     "exp_ctrl.total_train_epochs=3",
     "model.optimizer.lr=3e-3",
@@ -115,15 +114,13 @@ def summarize_policy(cfg: Any, task: str = "sentiment", density: bool = False) -
     toy task's name; ``density``: its true reward is per 10 words."""
     from realrl.experiments.toy_eval import evaluate_policy, reward_model_accuracy, true_reward_scorer
 
-    toy = get_task(task)
-    paths = toy.paths(toy.data_dir(cfg.fileroot, cfg.seed))
-    before_path = cfg.ref.path or cfg.actor.path
-    after_path = final_checkpoint(cfg.fileroot, cfg.experiment_name, cfg.trial_name, "actor")
+    run = before_after(get_task(task), cfg)
+    paths = run.files
     gconfig = dataclasses.replace(cfg.ppo.gen, n=1)
     n, tok, valid = cfg.toy_eval_prompts, paths["tokenizer"], paths["ppo_valid"]
     score = true_reward_scorer(density)
-    before = evaluate_policy(before_path, None, tok, valid, gconfig, score, n, seed=cfg.seed)
-    after = evaluate_policy(after_path, before_path, tok, valid, gconfig, score, n, seed=cfg.seed)
+    before = evaluate_policy(run.before, None, tok, valid, gconfig, score, n, seed=cfg.seed)
+    after = evaluate_policy(run.after, run.before, tok, valid, gconfig, score, n, seed=cfg.seed)
     rm_accuracy = None
     if cfg.uses_reward_model:
         rm_accuracy = reward_model_accuracy(cfg.rew.path, tok, paths["rm_valid"], seed=cfg.seed)
