@@ -22,7 +22,7 @@ class TensorStore:
     Where tensors live, the one rule: the store holds host tensors. What a call produces comes
     back to host memory here (``put``), what other workers send lands in host memory
     (``run_transfers``), and a call gets its inputs on its own model's device
-    (``ModelWorker._call``). So a batch never joins pieces from two devices, a call never sees
+    (``MFCRunner._call``). So a batch never joins pieces from two devices, a call never sees
     host and device tensors side by side, and device memory holds models and the running call only.
     """
 
