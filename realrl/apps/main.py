@@ -5,8 +5,8 @@ The master runs in this process (it holds metadata only); model workers run as s
 failure — an exception in a worker, a worker that dies or stops heartbeating — stops every
 worker and raises ``ExperimentFailedError`` naming the worker with its last log lines; Ctrl-C or
 SIGTERM (``realrl.apps.signals``) stops every worker and raises ``KeyboardInterrupt``. Options
-that cannot run (a layout that cannot split its model, more workers than GPUs) raise
-``UserError`` before any worker starts.
+that cannot run (``realrl.apps.feasibility``: a layout that cannot split its model, a memory plan
+that does not fit; more workers than GPUs) raise ``UserError`` before any worker starts.
 
 Every run saves its config as ``<run_dir>/experiment_config.json`` (``realrl.base.config_json``:
 data, not a pickle), and ``python -m realrl.apps.main <experiment_config.json> [--mode local|ray]
@@ -25,10 +25,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from realrl.api.core import devices
-from realrl.api.core.layout_fit import check_layouts
 from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
-from realrl.api.quickstart.memory_plan import check_fits, model_config, model_configs, plan_memory
 from realrl.apps.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, data_error_message, one_line
+from realrl.apps.feasibility import check_feasible, sharded_layouts
 from realrl.apps.signals import exit_code, handlers_kept, interrupted_message, stop_on_signals
 from realrl.base import config_json, logging, network, plugins, private_files
 from realrl.base.name_resolve import NameRecordRepository
@@ -78,11 +77,7 @@ def run_experiment(
     if mode not in MODES:
         raise UserError(f"mode must be one of {MODES}, got {mode!r}")
     try:
-        layouts, split = _role_layouts(config), _split_models(config)
-        # a home in its engine's layout (whole experts per rank where asked); copies split experts
-        check_layouts({r: ls[:1] for r, ls in layouts.items()}, split, _expert_parallel(config))
-        check_layouts({r: ls[1:] for r, ls in layouts.items()}, split)
-        check_memory(config, _smallest_gpu_bytes(config))
+        check_feasible(config)
     except ValueError as e:  # a layout that cannot split its model, or fit: the options are at fault
         raise UserError(str(e)) from e
     try:  # the run trusts what it reads back from its folder: nobody else may write there
@@ -105,7 +100,7 @@ def run_experiment(
         host = ray.util.get_node_ip_address()
     try:
         placed, backend, gpus_per_worker = _devices(config, mode)
-        devices.check_shared_gpus(placed, backend, _sharded_layouts(config))
+        devices.check_shared_gpus(placed, backend, sharded_layouts(config))
     except ValueError as e:  # more workers than GPUs without colocate=true, and such
         raise UserError(str(e)) from e
     if mode != "local":
@@ -204,73 +199,6 @@ def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
     was stopped on purpose. Anything else is reported."""
     if not isinstance(context.get("exception"), KeyboardInterrupt | asyncio.CancelledError):
         loop.default_exception_handler(context)
-
-
-def _role_layouts(config: ExperimentConfig) -> dict[str, list]:
-    """Every layout a role runs in: its home's, then its calls' copies'."""
-    return {
-        role: [config.placement(role).layout, *(p.layout for p in config.copy_placements(role))]
-        for role in config.allocations
-    }
-
-
-def _engine_option(config: ExperimentConfig, role: str, name: str) -> bool:
-    """A role's engine option (``fsdp``, ``expert_parallel``) as its config gives it."""
-    engine = config.models[role].backend.args.get("engine") or {}
-    return bool(engine.get(name, False) if isinstance(engine, dict) else getattr(engine, name, False))
-
-
-def _expert_parallel(config: ExperimentConfig) -> dict[str, bool]:
-    return {role: _engine_option(config, role, "expert_parallel") for role in config.allocations}
-
-
-def check_memory(config: ExperimentConfig, device_bytes: int | None) -> None:
-    """ValueError when the memory plan puts a worker's peak above ``device_bytes`` (None: not
-    checked, e.g. CPU workers, whose memory the plan does not model; nor are runs with a plugin's
-    model type, which the plan cannot count)."""
-    kinds = {spec.model.type_ for spec in config.models.values()}
-    if device_bytes is None or not kinds <= {"real_model", "null"}:
-        return
-    try:
-        check_fits(plan_memory(config, model_configs(config)), device_bytes)
-    except ValueError as e:
-        raise ValueError(
-            f"the memory plan does not fit: {e}; `python -m realrl.apps.plan <experiment> <the same "
-            "options>` prints every role's bytes per device"
-        ) from None
-
-
-def _smallest_gpu_bytes(config: ExperimentConfig) -> int | None:
-    """The memory of the smallest GPU this process sees when the workers run on GPUs (None on
-    CPU workers, or when this process sees no GPU: a Ray driver off the GPU nodes)."""
-    import torch
-
-    if not devices.is_cuda(config.device) or not torch.cuda.is_available():
-        return None
-    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
-
-
-def _sharded_layouts(config: ExperimentConfig) -> list[str]:
-    """Every layout in which a role's weights are sharded: tensor parallel, pipeline stages, or
-    FSDP at its home (a copy in another call's layout is never FSDP)."""
-    out = []
-    for role, layouts in sorted(_role_layouts(config).items()):
-        fsdp = _engine_option(config, role, "fsdp")
-        for i, lay in enumerate(layouts):
-            if lay.tp > 1 or lay.pp > 1 or (i == 0 and fsdp and lay.dp > 1):
-                out.append(f"{role} in {lay}")
-    return out
-
-
-def _split_models(config: ExperimentConfig) -> dict:
-    """The architecture of every ReaLModel role that tensor or pipeline parallelism splits in some
-    layout (read from its config or its checkpoint's config.json, no weights)."""
-    return {
-        role: model_config(config.models[role])
-        for role, layouts in _role_layouts(config).items()
-        if any(lay.tp > 1 or lay.pp > 1 for lay in layouts)
-        and config.models[role].model.type_ == "real_model"
-    }
 
 
 def _devices(config: ExperimentConfig, mode: str) -> tuple[list[str], str, float]:

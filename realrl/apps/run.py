@@ -15,10 +15,12 @@ from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.apps.configs import build_config
 from realrl.apps.errors import UserError, data_error_message, one_line
+from realrl.apps.feasibility import check_feasible
 from realrl.apps.main import ExperimentFailedError, run_experiment
 from realrl.apps.preflight import check_paths
 from realrl.apps.summarize import EvaluationProcess, can_hand_over
 from realrl.base import logging, stats
+from realrl.experiments.common import task_model_config
 from realrl.experiments.tasks import get_task, has_checkpoint
 from realrl.experiments.tasks.base import Recipe
 from realrl.system.standby import StandbyWorkers
@@ -114,7 +116,7 @@ class Phase:
 def plan_phases(name: str, cfg: CommonExperimentConfig) -> list[Phase]:
     """The phases ``cfg`` builds on that have no final checkpoint yet (each after the ones it
     builds on), then ``cfg``'s own. Every phase's options, paths and runtime config are checked
-    here, before the first of them starts: a mistake is found in seconds, not after an SFT run.
+    here (``check_paths``, then ``check_feasible``), before the first of them starts: a mistake is found in seconds, not after an SFT run.
     On an embedded task, its files are written here (once per seed) and the phases whose
     checkpoints its recipe reads run first."""
     phases: list[Phase] = []
@@ -142,10 +144,18 @@ def plan_phases(name: str, cfg: CommonExperimentConfig) -> list[Phase]:
         if task:
             task.files(cfg.fileroot, cfg.seed)
         planned.add(cfg.run_dir)
-        phases.append(Phase(name, cfg, checked(context, cfg.initial_setup)))
+        phases.append(Phase(name, cfg, checked(context, feasible_experiment, cfg)))
 
     visit(name, cfg, "")
     return phases
+
+
+def feasible_experiment(cfg: CommonExperimentConfig) -> ExperimentConfig:
+    """``cfg``'s runtime config, once the pre-run feasibility check accepts it (a model an
+    earlier phase has yet to train is planned from the embedded task's model config)."""
+    exp = cfg.initial_setup()
+    check_feasible(exp, fallback=task_model_config(cfg))
+    return exp
 
 
 def _option(cfg: Any, key: str) -> Any:

@@ -145,7 +145,10 @@ def experiment_config(
 ) -> ExperimentConfig:
     """The runtime's ExperimentConfig from the common options, the graph and the models."""
     ctrl = common.exp_ctrl
-    allocation = parse_allocation(common.allocation_mode, mfcs, common.manual, common.manual_layouts)
+    weightless = {role for role, spec in models.items() if not spec.has_weights}
+    allocation = parse_allocation(
+        common.allocation_mode, mfcs, common.manual, common.manual_layouts, weightless
+    )
     homes = allocation.homes
     try:
         return ExperimentConfig(

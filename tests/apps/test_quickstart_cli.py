@@ -221,6 +221,29 @@ def test_pipeline_layouts_place_stages_and_refuse_what_they_cannot_do(tmp_path):
         cfg.initial_setup()
 
 
+@pytest.mark.parametrize("layout", ["d1m1p2", "d1m2p1"])
+def test_a_layout_for_the_whole_experiment_is_meant_for_the_models(layout, tmp_path):
+    """grpo's reward is a function (no weights): it runs replicated on the layout's workers."""
+    exp = build_config("grpo", [f"fileroot={tmp_path}", f"allocation_mode={layout}"]).initial_setup()
+    assert str(exp.layouts["actor"]) == layout and exp.allocations["actor"] == [0, 1]
+    assert str(exp.layouts["reward"]) == "d2m1p1" and exp.allocations["reward"] == [0, 1]
+
+
+def test_a_layout_for_the_whole_experiment_passes_the_pre_run_check_on_the_command_line(tmp_path):
+    from realrl.apps.quickstart import prepare
+
+    command = prepare(["grpo", f"fileroot={tmp_path}", "allocation_mode=d1m1p2"])
+    assert str(command.phases[-1].experiment.layouts["reward"]) == "d2m1p1"
+    assert_user_error(
+        cli(
+            "grpo",
+            f"fileroot={tmp_path}",
+            'allocation_mode="reward:d1m2p1,*:d1m1p1"',
+        ),
+        "model 'reward' has no weights to split, but its layout is d1m2p1",
+    )
+
+
 @pytest.mark.parametrize(
     "argv, expected",
     [

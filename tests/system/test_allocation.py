@@ -37,6 +37,19 @@ def test_per_role_strings_with_offsets_and_default():
     assert workers(got) == {"actor": [0, 1], "critic": [1], "reward": [0]}
 
 
+@pytest.mark.parametrize("mode", ["d1m1p2", "d1m2p1", "*:d1m2p1"])
+def test_a_layout_for_every_role_leaves_a_role_without_weights_replicated(mode):
+    """The layout is meant for the models: a weightless role runs d<n>m1p1 on the same workers."""
+    allocation = parse_allocation(mode, MFCS, weightless={"reward"})
+    assert str(allocation.homes["actor"].layout) == mode.removeprefix("*:")
+    assert allocation.homes["reward"] == Placement(Layout(dp=2), (0, 1))
+
+
+def test_a_layout_that_names_a_role_without_weights_is_its_own():
+    allocation = parse_allocation("reward:d1m2p1,*:d1m1p1", MFCS, weightless={"reward"})
+    assert str(allocation.homes["reward"].layout) == "d1m2p1"
+
+
 def test_manual_lists_by_mfc_or_role():
     got = parse_allocation(
         "manual", MFCS, {"gen": [0, 1], "actor_train": [0, 1], "critic": [1], "reward": [0]}

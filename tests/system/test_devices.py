@@ -133,20 +133,20 @@ def test_the_runner_names_every_sharded_layout():
 
     from realrl.api.core.config import ModelBackendAbstraction
     from realrl.api.core.layout import Layout
-    from realrl.apps.main import _sharded_layouts
+    from realrl.apps.feasibility import sharded_layouts
 
     pair = {"actor": [0, 1], "critic": [0, 1], "reward": [0]}
     cfg = mock_config("/tmp", "t", layouts={"actor": Layout(dp=1, tp=2)}, allocations=pair)
-    assert _sharded_layouts(cfg) == ["actor in d1m2p1"]
+    assert sharded_layouts(cfg) == ["actor in d1m2p1"]
     cfg = mock_config("/tmp", "t", layouts={"actor": Layout(pp=2)}, allocations=pair)
-    assert _sharded_layouts(cfg) == ["actor in d1m1p2"]
+    assert sharded_layouts(cfg) == ["actor in d1m1p2"]
     cfg = mock_config("/tmp", "t", allocations=pair)
-    assert _sharded_layouts(cfg) == []  # d2 replicas
+    assert sharded_layouts(cfg) == []  # d2 replicas
     fsdp = dataclasses.replace(
         cfg.models["actor"], backend=ModelBackendAbstraction("train", {"engine": {"fsdp": True}})
     )
     cfg = dataclasses.replace(cfg, models={**cfg.models, "actor": fsdp})
-    assert _sharded_layouts(cfg) == ["actor in d2m1p1"]
+    assert sharded_layouts(cfg) == ["actor in d2m1p1"]
 
 
 def test_control_reductions_go_through_host_memory_even_beside_nccl():
@@ -182,6 +182,7 @@ def test_a_role_without_weights_in_a_tensor_parallel_layout_is_named_before_any_
     from realrl.apps.errors import UserError
     from realrl.apps.run import plan_phases
 
-    cfg = build_config("grpo", [f"fileroot={tmp_path}", "allocation_mode=d1m2p1"])
+    # only a layout that names the role is its own: one for every role leaves it replicated
+    cfg = build_config("grpo", [f"fileroot={tmp_path}", 'allocation_mode="reward:d1m2p1,*:d1m1p1"'])
     with pytest.raises(UserError, match=r"model 'reward' has no weights to split, but its layout is d1m2p1"):
         plan_phases("grpo", cfg)

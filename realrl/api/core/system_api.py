@@ -3,7 +3,8 @@
 ``ExperimentConfig`` is the whole run: the MFC graph, how to build each model role, which model
 workers hold each role (one worker per data-parallel rank), the datasets, how long to train and
 where to write. ``ExperimentConfig.model_worker_configs()`` cuts it into one picklable
-``ModelWorkerConfig`` per worker; the master keeps the ``ExperimentConfig`` itself.
+``ModelWorkerConfig`` per worker; the master keeps the ``ExperimentConfig`` itself. Its parts
+that stand alone are in ``experiment_parts``, how they must fit together in ``experiment_checks``.
 """
 
 from __future__ import annotations
@@ -13,71 +14,13 @@ import os
 
 import networkx as nx
 
-from realrl.api.core.config import (
-    DatasetAbstraction,
-    ModelAbstraction,
-    ModelBackendAbstraction,
-    ModelInterfaceAbstraction,
-    ModelName,
-)
+from realrl.api.core import experiment_checks as checks
+from realrl.api.core.config import DatasetAbstraction, ModelInterfaceAbstraction, ModelName
 from realrl.api.core.devices import GLOO
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType, build_graph
+from realrl.api.core.experiment_parts import AsyncRL, DynamicSampling, ModelSpec, Timeouts
 from realrl.api.core.layout import Layout, Placement
 from realrl.base.failpoints import Failpoint
-
-
-@dataclasses.dataclass
-class Timeouts:
-    """Every wait of the runtime is bounded by one of these (seconds)."""
-
-    connect: float = 120.0  # workers start, import torch and say hello to the master
-    setup: float = 600.0  # datasets load, process groups form, models build
-    request: float = 3600.0  # one model function call (generation can be long)
-    heartbeat_interval: float = 1.0
-    heartbeat: float = 15.0  # a worker (or the master) silent this long is declared lost
-    transfer: float = 600.0  # one torch.distributed send / receive, once both sides are in it
-    shutdown: float = 10.0  # workers exit after being asked to
-
-    @property
-    def peer(self) -> float:
-        """How long a worker waits for a peer, the one rule for every process group, collective,
-        transfer and reallocation: a peer may first finish the call it is running (up to
-        ``request``), then the exchange itself may take ``transfer``. A shorter bound would let
-        a worker (or NCCL's watchdog) give up on a peer that is merely busy with a long
-        generation."""
-        return self.request + self.transfer
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if getattr(self, f.name) <= 0:
-                raise ValueError(f"Timeouts.{f.name} must be > 0, got {getattr(self, f.name)}")
-        if self.heartbeat <= 2 * self.heartbeat_interval:
-            raise ValueError(
-                f"Timeouts.heartbeat ({self.heartbeat}) must exceed twice heartbeat_interval "
-                f"({self.heartbeat_interval}) or live workers get declared lost"
-            )
-
-
-@dataclasses.dataclass
-class ModelSpec:
-    """How to build one model role: the model factory and the engine wrapping it."""
-
-    model: ModelAbstraction
-    backend: ModelBackendAbstraction = dataclasses.field(
-        default_factory=lambda: ModelBackendAbstraction("inference")
-    )
-
-    keep_gen_copy: bool = False  # keep a copy in another call's layout between its calls (memory allowing)
-
-    @property
-    def offload(self) -> bool:
-        """A frozen model kept in host memory between its calls (the inference backend's option)."""
-        return bool(self.backend.args.get("offload", False))
-
-    @property
-    def lora_rank(self) -> int:
-        """The rank of the LoRA adapters the model factory adds (``"lora"`` in its args); 0: none."""
-        return int((self.model.args.get("lora") or {}).get("rank", 0))
 
 
 @dataclasses.dataclass
@@ -158,43 +101,6 @@ def model_worker_name(index: int) -> str:
 def copy_name(role: str, placement: Placement) -> str:
     """The name of ``role``'s copy in ``placement`` (its mesh and its weights on a worker)."""
     return f"{role} {placement}"
-
-
-@dataclasses.dataclass
-class AsyncRL:
-    """Asynchronous RL as the master runs it ("AReaL: A Large-Scale Asynchronous Reinforcement
-    Learning System for Language Reasoning", Fu et al. 2025): a generate call of a trained model
-    at step k may start once that model has finished training step k - 1 - ``max_staleness``, so
-    it samples from a policy at most ``max_staleness`` versions behind the one that trains on its
-    samples. 0 is the synchronous run. Copies of the policy in a generate call's own layout are
-    kept between calls and refilled only when they would be too old.
-
-    ``interrupt_every`` (partial rollouts): the graph's generate calls decode in pieces of
-    that many tokens, and a newer policy finished in the meantime reaches the unfinished answers
-    between two pieces (their caches recomputed); None decodes each call in one go."""
-
-    max_staleness: int = 1
-    interrupt_every: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_staleness < 0:
-            raise ValueError(f"async_rl.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.interrupt_every is not None and self.interrupt_every < 1:
-            raise ValueError(f"partial rollouts decode pieces of >= 1 token, got {self.interrupt_every}")
-
-
-@dataclasses.dataclass
-class DynamicSampling:
-    """DAPO's dynamic sampling ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
-    Yu et al. 2025) as the master runs it. Each step, ``filter_mfc`` and the calls it depends on
-    (the sampling calls: generate, score) run in rounds, each on a fresh batch of n_seqs prompts
-    taken further along the dataset; the filter reports the samples it drops (groups whose answers
-    all score the same), and the rest of the graph runs on the first n_seqs samples kept. A step
-    that has not kept a full batch after ``max_rounds`` rounds stops the run: the data is too easy
-    or too hard for the policy, and looping on would never end."""
-
-    filter_mfc: str
-    max_rounds: int = 10
 
 
 @dataclasses.dataclass
@@ -306,6 +212,13 @@ class ExperimentConfig:
                 out.append(p)
         return out
 
+    def role_layouts(self) -> dict[str, list[Layout]]:
+        """Every layout a role runs in: its home's, then its calls' copies'."""
+        return {
+            role: [self.placement(role).layout, *(p.layout for p in self.copy_placements(role))]
+            for role in self.allocations
+        }
+
     def mesh_placements(self) -> dict[str, Placement]:
         """Every placement a model is laid out in, by name (``copy_name`` for copies): the meshes
         every worker builds at setup, in one order."""
@@ -353,35 +266,15 @@ class ExperimentConfig:
                 out.setdefault(m.role, m.name)
         return out
 
-    # -- checks --------------------------------------------------------------------------------
+    # -- checks (api/core/experiment_checks.py) -------------------------------------------------
 
     def validate(self) -> None:
         build_graph(self.mfcs)  # names, producers, cycles
-        n_seqs = {m.name: m.n_seqs for m in self.mfcs}
-        if len(set(n_seqs.values())) != 1:
-            raise ValueError(f"every MFC must use the same n_seqs (one batch per step), got {n_seqs}")
+        checks.check_one_batch(self.mfcs)
         if self.total_train_epochs < 1:
             raise ValueError(f"total_train_epochs must be >= 1, got {self.total_train_epochs}")
-        for name in (
-            "torch_threads",
-            "total_train_steps",
-            "save_freq_steps",
-            "ckpt_freq_steps",
-            "eval_freq_steps",
-            "eval_batch_size",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {value}")
-        for mfc in self.mfcs:
-            if mfc.role not in self.models:
-                raise ValueError(
-                    f"MFC {mfc.name!r} runs on model {mfc.role!r}, absent from models {sorted(self.models)}"
-                )
-            if mfc.role not in self.allocations:
-                raise ValueError(
-                    f"MFC {mfc.name!r}: model {mfc.role!r} has no allocation (allocations: {sorted(self.allocations)})"
-                )
+        checks.check_positive({name: getattr(self, name) for name in checks.POSITIVE_OPTIONS})
+        checks.check_calls(self.mfcs, self.models, list(self.allocations))
         if not self.source_mfcs():
             raise ValueError("no MFC reads a dataset key: nothing would ever feed the graph")
         for role, workers in self.allocations.items():
@@ -404,9 +297,10 @@ class ExperimentConfig:
                     f"MFC {name!r} trains model {mfc.role!r} in {placement}, not in its home "
                     f"{self.placement(mfc.role)}: a model trains where its weights live"
                 )
-        self._check_dynamic_sampling()
-        self._check_weightless_layouts()
-        self._check_pipelines()
+        checks.check_dynamic_sampling(self.dynamic_sampling, self.mfcs, self.sampling_mfcs)
+        checks.check_weightless_layouts(self.models, self.role_layouts(), self.mfcs)
+        call_layouts = {m.name: self.call_placement(m.name).layout for m in self.mfcs}
+        checks.check_pipelines(self.async_rl, call_layouts, self.mfcs)
         for spec in self.failpoints:
             Failpoint.parse(spec)
         if self.owner_role() not in self.allocations:
@@ -415,70 +309,8 @@ class ExperimentConfig:
         if idle:
             raise ValueError(f"model workers {idle} hold no model; lower n_model_workers or allocate them")
 
-    def _check_pipelines(self) -> None:
-        """What pipeline stages (p > 1) do not run yet: generation decoded in pieces."""
-        pieces = self.async_rl is not None and self.async_rl.interrupt_every is not None
-        for mfc in self.mfcs if pieces else ():
-            layout = self.mfc_placements.get(mfc.name, self.placement(mfc.role)).layout
-            if mfc.interface_type is ModelInterfaceType.GENERATE and layout.pp > 1:
-                raise ValueError(
-                    f"MFC {mfc.name!r} generates in {layout} and async_rl.partial_rollout decodes in "
-                    "pieces, which pipeline stages (p > 1) do not do; generate with p1 or turn partial "
-                    "rollouts off"
-                )
-
-    def _check_weightless_layouts(self) -> None:
-        """A role without weights (the ``null`` backend: a tokenizer and a reward function) has
-        nothing to split: a tensor-parallel layout for it is a mistake of ``allocation_mode``."""
-        for role in sorted(self.allocations):
-            layouts = [self.placement(role).layout, *(p.layout for p in self.copy_placements(role))]
-            split = [lay for lay in layouts if lay.tp > 1 or lay.pp > 1]
-            if self.models[role].backend.type_ == "null" and split:
-                raise ValueError(
-                    f"model {role!r} has no weights to split, but its layout is {split[0]}; give the "
-                    f"roles with weights their tensor-parallel layout and the others d<n>m1p1, e.g. "
-                    f"'allocation_mode=\"actor:{split[0]},*:d1m1p1\"'"
-                )
-            rank = self.models[role].lora_rank
-            if split and rank:
-                raise ValueError(
-                    f"model {role!r} trains LoRA adapters ({role}.lora.rank={rank}), which tensor and "
-                    f"pipeline parallelism do not split, but a layout of it is {split[0]}; use data parallelism "
-                    f"or FSDP for it (d<n>m1p1, {role}.engine.fsdp=true)"
-                )
-        for mfc in self.mfcs:
-            if mfc.base_weights and not self.models[mfc.role].lora_rank:
-                raise ValueError(
-                    f"MFC {mfc.name!r} runs on the base weights of {mfc.role!r}, which has no LoRA adapters"
-                )
-
-    def _check_dynamic_sampling(self) -> None:
-        sampling = self.dynamic_sampling
-        if sampling is None:
-            return
-        if all(m.name != sampling.filter_mfc for m in self.mfcs):
-            raise ValueError(
-                f"dynamic_sampling.filter_mfc names {sampling.filter_mfc!r}, not an MFC of the graph"
-            )
-        if sampling.max_rounds < 1:
-            raise ValueError(f"dynamic_sampling.max_rounds must be >= 1, got {sampling.max_rounds}")
-        trains = [m.name for m in self.sampling_mfcs() if m.interface_type is ModelInterfaceType.TRAIN_STEP]
-        if trains:
-            raise ValueError(
-                f"dynamic sampling: the filter {sampling.filter_mfc!r} depends on the training calls "
-                f"{trains}; only generate and inference calls can run in sampling rounds"
-            )
-
     def _check_placement(self, what: str, placement: Placement, key: str | None = None) -> None:
-        """``what`` runs in ``placement``: workers that exist, data for every dp rank."""
-        layout = placement.layout
-        bad = [w for w in placement.workers if not 0 <= w < self.n_model_workers]
-        if bad:
-            raise ValueError(f"{key or what} names workers {bad}, outside 0..{self.n_model_workers - 1}")
-        if layout.dp > self.batch_size:
-            raise ValueError(
-                f"{what} has dp size {layout.dp} > n_seqs {self.batch_size}: some ranks would get no data"
-            )
+        checks.check_placement(what, placement, self.n_model_workers, self.batch_size, key)
 
     # -- worker configs ------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 ReaL's grammar (``realrl.api.core.layout``), for the whole experiment, per model role or per MFC:
 
 - ``"d2"``, ``"d2m1p1"``, ``"d1m2p1"``: every call in that layout on workers ``0 .. n-1``
-  (``n = dp * tp * pp``); roles share the workers.
+  (``n = dp * tp * pp``); roles share the workers. The layout is meant for the models: a role
+  without weights (a reward function, the advantage computation) runs replicated, ``d<n>m1p1``,
+  on the same workers; so it does under ``*``. Only a layout that names such a role is its own.
 - ``"actor:d1m2p1,critic:d2m1p1@2,*:d2"``: per role; ``@<first>`` places the layout on workers
   ``first .. first + n - 1`` (default 0); ``*`` gives every call not named a default.
 - ``"actor_gen:d2m1p1,actor_train:d1m2p1,*:d1"``: per MFC. The calls of one model may use
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout, Placement
@@ -65,8 +67,10 @@ def parse_allocation(
     mfcs: Sequence[MFCDef],
     manual: Mapping[str, Sequence[int]] | None = None,
     manual_layouts: Mapping[str, str] | None = None,
+    weightless: Collection[str] = (),
 ) -> Allocation:
-    """The placement of every MFC of ``mfcs`` and the home of every role they use."""
+    """The placement of every MFC of ``mfcs`` and the home of every role they use; the roles in
+    ``weightless`` hold no weights to split (see ``_replicated``)."""
     mode = allocation_mode.strip()
     if mode == "manual":
         calls = _manual(mfcs, manual or {}, manual_layouts or {})
@@ -76,16 +80,26 @@ def parse_allocation(
         )
     elif ":" not in mode:
         layout, first = _parse_layout(mode, "allocation_mode")
-        calls = {m.name: _placed(layout, first) for m in mfcs}
+        calls = {m.name: _replicated(_placed(layout, first), m.role, weightless) for m in mfcs}
     else:
-        calls = _per_name(allocation_mode, mfcs)
+        calls = _per_name(allocation_mode, mfcs, weightless)
     for m in mfcs:
         if m.whole_batch:
             calls[m.name] = _placed(Layout(), calls[m.name].workers[0] if m.name in calls else 0)
     return Allocation(calls, _homes(mfcs, calls))
 
 
-def _per_name(allocation_mode: str, mfcs: Sequence[MFCDef]) -> dict[str, Placement]:
+def _replicated(placement: Placement, role: str, weightless: Collection[str]) -> Placement:
+    """A layout given for every role is meant for the models: a role in ``weightless`` has
+    nothing to split, so it runs data parallel over the same workers."""
+    if role not in weightless:
+        return placement
+    return Placement(Layout(dp=len(placement.workers)), placement.workers)
+
+
+def _per_name(
+    allocation_mode: str, mfcs: Sequence[MFCDef], weightless: Collection[str]
+) -> dict[str, Placement]:
     roles, names = _roles(mfcs), [m.name for m in mfcs]
     given: dict[str, Placement] = {}
     for part in allocation_mode.split(","):
@@ -106,7 +120,9 @@ def _per_name(allocation_mode: str, mfcs: Sequence[MFCDef]) -> dict[str, Placeme
         given[name] = _placed(layout, first)
     calls, missing = {}, []
     for m in mfcs:
-        placement = given.get(m.name) or given.get(m.role) or given.get("*")
+        placement = given.get(m.name) or given.get(m.role)
+        if placement is None and "*" in given:
+            placement = _replicated(given["*"], m.role, weightless)
         if placement is None:
             if not m.whole_batch:
                 missing.append(m.name)
