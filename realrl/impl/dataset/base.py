@@ -1,5 +1,6 @@
 """Shared plumbing of the registered datasets: read rows, keep this rank's shard, build one
-``SequenceSample`` per row, count and report every row or pair left out (never silently)."""
+``SequenceSample`` per row, count and report every row or pair left out (never silently);
+``RowDataset``, the base of the datasets read from a file, a list or a builder's rows."""
 
 from __future__ import annotations
 
@@ -148,3 +149,45 @@ class SampleListDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, idx: int) -> SequenceSample:
         return self.samples[idx]
+
+
+class RowDataset(SampleListDataset):
+    """A registered dataset of rows from ``dataset_path`` or ``dataset_builder`` (``split`` of a
+    dataset with splits), this rank's shard of them, tokenized with the run's tokenizer (``tok``).
+
+    A subclass names itself (``dataset_name``, in its logs and errors), keeps its own options
+    before calling this constructor, and makes each row's sample in ``build_row`` (a ``RowBuilder``,
+    raising ``Skip`` to leave the row out); ``row_texts`` lists the texts of a row to tokenize ahead
+    in one batch call (a ``RowTexts`` hint). ``id_key`` and ``metadata_keys``: see ``owned_rows``
+    and ``SampleListDataset``.
+    """
+
+    dataset_name: str
+
+    def __init__(
+        self,
+        util: DatasetUtility,
+        dataset_path: DataSource | None,
+        dataset_builder: Callable[[], Any] | None,
+        split: str | None,
+        id_key: str | None,
+        metadata_keys: Sequence[str],
+    ):
+        self.tok = BatchTokenizer(util.tokenizer)
+        rows = owned_rows(self.dataset_name, util, dataset_path, dataset_builder, split, id_key)
+        super().__init__(
+            self.dataset_name, util, rows, metadata_keys, self.build_row, self.tok, self.row_texts
+        )
+
+    def row_texts(self, row: dict[str, Any]) -> Iterable[tuple[str, bool]]:
+        raise NotImplementedError
+
+    def build_row(
+        self,
+        row: dict[str, Any],
+        where: str,
+        id_: Hashable,
+        meta: dict[str, Any],
+        dropped: collections.Counter,
+    ) -> SequenceSample:
+        raise NotImplementedError

@@ -6,18 +6,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from realrl.api.core.data_api import DatasetUtility, register_dataset
-from realrl.impl.dataset.base import SampleListDataset, Skip, owned_rows
+from realrl.impl.dataset.base import RowDataset, Skip
 from realrl.impl.dataset.errors import get_field
 from realrl.impl.dataset.samples import prompt_sample
 from realrl.impl.dataset.sources import DataSource
-from realrl.impl.dataset.tokenize import BatchTokenizer, to_ids
+from realrl.impl.dataset.tokenize import to_ids
 
 
-class PromptDataset(SampleListDataset):
+class PromptDataset(RowDataset):
     """Each item: ``packed_prompts``, the prompt's token ids (text, chat messages rendered with the
     generation prompt, or token ids). Prompts longer than ``max_prompt_len`` are left out (never
     cut, which would change the question) and their count is logged and kept in ``dropped``.
     ``metadata_keys`` carries row fields (e.g. a reference answer) to reward plugins."""
+
+    dataset_name = "prompt"
 
     def __init__(
         self,
@@ -30,23 +32,22 @@ class PromptDataset(SampleListDataset):
         id_key: str | None = None,
         metadata_keys: Sequence[str] = (),
     ):
-        tok = BatchTokenizer(util.tokenizer)
+        self.prompt_key = prompt_key
+        self.max_prompt_len = max_prompt_len
+        super().__init__(util, dataset_path, dataset_builder, split, id_key, metadata_keys)
 
-        def texts(row):
-            prompt = row.get(prompt_key)
-            return [(prompt, True)] if isinstance(prompt, str) else []
+    def row_texts(self, row):
+        prompt = row.get(self.prompt_key)
+        return [(prompt, True)] if isinstance(prompt, str) else []
 
-        def build(row, where, id_, meta, dropped):
-            prompt = get_field(row, prompt_key, (str, list), where)
-            ids = to_ids(tok, prompt, prompt_key, where, add_generation_prompt=True)
-            if not ids:
-                raise Skip("empty prompt")
-            if max_prompt_len is not None and len(ids) > max_prompt_len:
-                raise Skip(f"prompt longer than max_prompt_len={max_prompt_len}")
-            return prompt_sample(id_, ids, meta)
-
-        rows = owned_rows("prompt", util, dataset_path, dataset_builder, split, id_key)
-        super().__init__("prompt", util, rows, metadata_keys, build, tok, texts)
+    def build_row(self, row, where, id_, meta, dropped):
+        prompt = get_field(row, self.prompt_key, (str, list), where)
+        ids = to_ids(self.tok, prompt, self.prompt_key, where, add_generation_prompt=True)
+        if not ids:
+            raise Skip("empty prompt")
+        if self.max_prompt_len is not None and len(ids) > self.max_prompt_len:
+            raise Skip(f"prompt longer than max_prompt_len={self.max_prompt_len}")
+        return prompt_sample(id_, ids, meta)
 
 
-register_dataset("prompt", PromptDataset)
+register_dataset(PromptDataset.dataset_name, PromptDataset)

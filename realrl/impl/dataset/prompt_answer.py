@@ -8,7 +8,7 @@ from typing import Any
 
 from realrl.api.core.chat_turns import observation_ids
 from realrl.api.core.data_api import DatasetUtility, register_dataset
-from realrl.impl.dataset.base import SampleListDataset, Skip, owned_rows
+from realrl.impl.dataset.base import RowDataset, Skip
 from realrl.impl.dataset.errors import DataError, get_field
 from realrl.impl.dataset.samples import sft_sample
 from realrl.impl.dataset.sources import DataSource
@@ -23,7 +23,7 @@ from realrl.impl.dataset.tokenize import (
 TURN_ROLES = ("assistant", "tool", "user")  # a trajectory's turns (without a chat template)
 
 
-class PromptAnswerDataset(SampleListDataset):
+class PromptAnswerDataset(RowDataset):
     """Each item: ``packed_input_ids`` = prompt + answer + EOS and ``prompt_mask``.
 
     Prompt and answer are tokenized separately and concatenated, so ``prompt_mask`` marks exactly
@@ -44,6 +44,8 @@ class PromptAnswerDataset(SampleListDataset):
     counted, or cut to ``max_length`` tokens with ``truncate=True``.
     """
 
+    dataset_name = "prompt_answer"
+
     def __init__(
         self,
         util: DatasetUtility,
@@ -58,57 +60,58 @@ class PromptAnswerDataset(SampleListDataset):
         id_key: str | None = None,
         metadata_keys: Sequence[str] = (),
     ):
-        tok = BatchTokenizer(util.tokenizer)
-        eos = eos_token_id(util.tokenizer)
-        turns_without_template = getattr(util.tokenizer, "chat_template", None) is None
+        self.eos = eos_token_id(util.tokenizer)
+        self.turns_without_template = getattr(util.tokenizer, "chat_template", None) is None
+        self.prompt_key = prompt_key
+        self.answer_key = answer_key
+        self.max_length = max_length
+        self.truncate = truncate
+        self.loss_on_prompt = loss_on_prompt
+        super().__init__(util, dataset_path, dataset_builder, split, id_key, metadata_keys)
 
-        def texts(row):
-            prompt, answer = row.get(prompt_key), row.get(answer_key)
-            if isinstance(prompt, str):
-                yield prompt, True
-            if isinstance(answer, str):
-                yield answer, False
-            elif turns_without_template and is_conversational(answer):
-                yield from ((m["content"], False) for m in answer if _is_assistant_text(m))
+    def row_texts(self, row):
+        prompt, answer = row.get(self.prompt_key), row.get(self.answer_key)
+        if isinstance(prompt, str):
+            yield prompt, True
+        if isinstance(answer, str):
+            yield answer, False
+        elif self.turns_without_template and is_conversational(answer):
+            yield from ((m["content"], False) for m in answer if _is_assistant_text(m))
 
-        def build(row, where, id_, meta, dropped):
-            prompt = get_field(row, prompt_key, (str, list), where)
-            answer = get_field(row, answer_key, (str, list), where)
-            prompt_ids = to_ids(tok, prompt, prompt_key, where, add_generation_prompt=True)
-            answer_mask = None  # 1 on the answer's tokens that are not trained on
-            if turns_without_template and is_conversational(answer):
-                answer_ids, answer_mask = trajectory_ids(tok, answer, eos, answer_key, where)
-            elif is_conversational(answer):
-                if not is_conversational(prompt):
-                    raise DataError(
-                        f"{where}: field {answer_key!r} is chat messages but {prompt_key!r} is not"
-                    )
-                full = to_ids(tok, prompt + answer, f"{prompt_key}+{answer_key}", where)
-                if full[: len(prompt_ids)] != prompt_ids:
-                    raise DataError(
-                        f"{where}: the chat template does not render prompt {prompt_key!r} as a prefix "
-                        "of prompt + answer; cannot mark the prompt tokens"
-                    )
-                answer_ids = full[len(prompt_ids) :]
-            else:
-                answer_ids = (
-                    tok(answer, add_special_tokens=False)
-                    if isinstance(answer, str)
-                    else to_ids(tok, answer, answer_key, where)
+    def build_row(self, row, where, id_, meta, dropped):
+        prompt_key, answer_key, max_length, tok = self.prompt_key, self.answer_key, self.max_length, self.tok
+        prompt = get_field(row, prompt_key, (str, list), where)
+        answer = get_field(row, answer_key, (str, list), where)
+        prompt_ids = to_ids(tok, prompt, prompt_key, where, add_generation_prompt=True)
+        answer_mask = None  # 1 on the answer's tokens that are not trained on
+        if self.turns_without_template and is_conversational(answer):
+            answer_ids, answer_mask = trajectory_ids(tok, answer, self.eos, answer_key, where)
+        elif is_conversational(answer):
+            if not is_conversational(prompt):
+                raise DataError(f"{where}: field {answer_key!r} is chat messages but {prompt_key!r} is not")
+            full = to_ids(tok, prompt + answer, f"{prompt_key}+{answer_key}", where)
+            if full[: len(prompt_ids)] != prompt_ids:
+                raise DataError(
+                    f"{where}: the chat template does not render prompt {prompt_key!r} as a prefix "
+                    "of prompt + answer; cannot mark the prompt tokens"
                 )
-                if not answer_ids or answer_ids[-1] != eos:
-                    answer_ids.append(eos)
-            if max_length is not None and len(prompt_ids) + len(answer_ids) > max_length:
-                if not truncate:
-                    raise Skip(f"longer than max_length={max_length}")
-                if len(prompt_ids) >= max_length:
-                    raise Skip(f"prompt alone fills max_length={max_length}")
-                answer_ids = answer_ids[: max_length - len(prompt_ids)]
-                answer_mask = None if answer_mask is None else answer_mask[: len(answer_ids)]
-            return sft_sample(id_, prompt_ids, answer_ids, loss_on_prompt, meta, answer_mask)
-
-        rows = owned_rows("prompt_answer", util, dataset_path, dataset_builder, split, id_key)
-        super().__init__("prompt_answer", util, rows, metadata_keys, build, tok, texts)
+            answer_ids = full[len(prompt_ids) :]
+        else:
+            answer_ids = (
+                tok(answer, add_special_tokens=False)
+                if isinstance(answer, str)
+                else to_ids(tok, answer, answer_key, where)
+            )
+            if not answer_ids or answer_ids[-1] != self.eos:
+                answer_ids.append(self.eos)
+        if max_length is not None and len(prompt_ids) + len(answer_ids) > max_length:
+            if not self.truncate:
+                raise Skip(f"longer than max_length={max_length}")
+            if len(prompt_ids) >= max_length:
+                raise Skip(f"prompt alone fills max_length={max_length}")
+            answer_ids = answer_ids[: max_length - len(prompt_ids)]
+            answer_mask = None if answer_mask is None else answer_mask[: len(answer_ids)]
+        return sft_sample(id_, prompt_ids, answer_ids, self.loss_on_prompt, meta, answer_mask)
 
 
 def _is_assistant_text(message: object) -> bool:
@@ -149,4 +152,4 @@ def trajectory_ids(
     return ids, mask
 
 
-register_dataset("prompt_answer", PromptAnswerDataset)
+register_dataset(PromptAnswerDataset.dataset_name, PromptAnswerDataset)
