@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from realrl.apps import selfcheck
+from realrl.apps import selfcheck, selfcheck_checks
 from realrl.apps.selfcheck_report import (
     ENV_FIELDS,
     FAIL,
@@ -89,7 +89,7 @@ def test_a_decoding_side_that_did_not_run_misses_its_targets_by_name():
     assert f["realrl_eager_tok_s"] == 2538 and f["realrl_eager_roofline_pct"] == 0.6
     assert f["realrl_cuda_graph_error"].startswith("RuntimeError: CUDA error")
     assert "decode_tok_s" not in f
-    targets = judge_targets(f, selfcheck.GENERATE_TARGETS)
+    targets = judge_targets(f, selfcheck_checks.GENERATE_TARGETS)
     assert [t["met"] for t in targets] == [False, False]
     status, reason = verdict(0, False, 900, targets)
     assert status == FAIL and reason == "target missed: decode_tok_s missing; roofline_pct missing"
@@ -97,9 +97,9 @@ def test_a_decoding_side_that_did_not_run_misses_its_targets_by_name():
 
 def test_bench_generate_targets_pass_and_fail_on_the_figures():
     ok = {"decode_tok_s": 13000, "roofline_pct": 31.5}
-    assert verdict(0, False, 900, judge_targets(ok, selfcheck.GENERATE_TARGETS)) == (PASS, "")
+    assert verdict(0, False, 900, judge_targets(ok, selfcheck_checks.GENERATE_TARGETS)) == (PASS, "")
     slow = {"decode_tok_s": 9000, "roofline_pct": 31.5}
-    status, reason = verdict(0, False, 900, judge_targets(slow, selfcheck.GENERATE_TARGETS))
+    status, reason = verdict(0, False, 900, judge_targets(slow, selfcheck_checks.GENERATE_TARGETS))
     assert status == FAIL
     assert (
         reason == "target missed: decode_tok_s 9,000 < 12,690 (5 x 2,538 tok/s, eager decoding on one H100)"
@@ -228,8 +228,8 @@ def test_exit_status():
 
 
 def test_without_cuda_the_gpu_checks_are_skipped_and_the_cpu_checks_run_on_the_cpu(tmp_path):
-    checks = selfcheck.build_checks("cpu", REPO, str(tmp_path))
-    chosen = selfcheck.select_checks(checks, has_cuda=False)
+    checks = selfcheck_checks.build_checks("cpu", REPO, str(tmp_path))
+    chosen = selfcheck_checks.select_checks(checks, has_cuda=False)
     why = {c.name: reason for c, reason in chosen}
     assert list(why) == [
         "gpu_tests",
@@ -242,7 +242,7 @@ def test_without_cuda_the_gpu_checks_are_skipped_and_the_cpu_checks_run_on_the_c
         "bench_generate",
         "train_vs_hf",
     ]
-    assert why["gpu_tests"] == why["train_vs_hf"] == selfcheck.NO_CUDA
+    assert why["gpu_tests"] == why["train_vs_hf"] == selfcheck_checks.NO_CUDA
     runs = [c for c, reason in chosen if not reason]
     assert [c.name for c in runs] == [
         "main",
@@ -259,19 +259,19 @@ def test_without_cuda_the_gpu_checks_are_skipped_and_the_cpu_checks_run_on_the_c
     assert "allocation_mode=d1m2p1" in by_name["tp"].argv
     assert {"allocation_mode=d2", "actor.engine.fsdp=true"} <= set(by_name["fsdp"].argv)
     assert by_name["bench_generate"].targets == ()  # the targets are for the GPU's 1.1B run
-    assert by_name["main"].targets == selfcheck.MAIN_TARGETS  # not shortened without --quick
+    assert by_name["main"].targets == selfcheck_checks.MAIN_TARGETS  # not shortened without --quick
 
-    skipped_all = selfcheck.select_checks(checks, has_cuda=False, skip_cpu=True)
+    skipped_all = selfcheck_checks.select_checks(checks, has_cuda=False, skip_cpu=True)
     assert all(reason for _, reason in skipped_all)
-    only = selfcheck.select_checks(checks, has_cuda=False, only=["tp", "gpu_tests"])
+    only = selfcheck_checks.select_checks(checks, has_cuda=False, only=["tp", "gpu_tests"])
     assert [(c.name, bool(r)) for c, r in only] == [("gpu_tests", True), ("tp", False)]
     with pytest.raises(ValueError, match=r"unknown check\(s\) \['nope'\]"):
-        selfcheck.select_checks(checks, has_cuda=False, only=["nope"])
+        selfcheck_checks.select_checks(checks, has_cuda=False, only=["nope"])
 
 
 def test_on_cuda_every_check_runs_in_bf16_on_the_shared_gpu_and_missing_files_skip(tmp_path):
-    checks = selfcheck.build_checks("cuda", str(tmp_path), str(tmp_path / "runs"), quick=True)
-    chosen = selfcheck.select_checks(checks, has_cuda=True)
+    checks = selfcheck_checks.build_checks("cuda", str(tmp_path), str(tmp_path / "runs"), quick=True)
+    chosen = selfcheck_checks.select_checks(checks, has_cuda=True)
     why = {c.name: reason for c, reason in chosen}
     assert why["gpu_tests"].startswith(str(tmp_path / "tests") + " not found")  # not a checkout
     assert "not found" in why["bench_generate"] and "not found" in why["train_vs_hf"]
@@ -284,18 +284,20 @@ def test_on_cuda_every_check_runs_in_bf16_on_the_shared_gpu_and_missing_files_sk
         "per_call",
     }
     assert why["grpo_d2"] == why["per_call_shared"] == ""
-    two = {c.name: r for c, r in selfcheck.select_checks(checks, has_cuda=True, n_gpus=2)}
+    two = {c.name: r for c, r in selfcheck_checks.select_checks(checks, has_cuda=True, n_gpus=2)}
     assert two["tp"] == two["fsdp"] == two["per_call"] == ""
     for name in ("grpo_d2", "tp", "fsdp", "per_call", "per_call_shared"):
         argv = by_name[name].argv
         assert "device=cuda" in argv and "colocate=true" in argv and "exp_ctrl.total_train_steps=2" in argv
         assert not any("dtype" in a for a in argv)  # the engines' default: bf16 on CUDA
-    assert by_name["bench_generate"].targets == selfcheck.GENERATE_TARGETS
+    assert by_name["bench_generate"].targets == selfcheck_checks.GENERATE_TARGETS
     assert "1b" in by_name["bench_generate"].argv and "1b" in by_name["train_vs_hf"].argv
 
 
 def _python_check(name, code, timeout_s=60.0, **kw):
-    return selfcheck.Check(name, name, (sys.executable, "-c", code), timeout_s, lambda text, s: {}, **kw)
+    return selfcheck_checks.Check(
+        name, name, (sys.executable, "-c", code), timeout_s, lambda text, s: {}, **kw
+    )
 
 
 def test_a_failing_or_hanging_check_is_a_failed_result_with_its_output(tmp_path):
@@ -320,19 +322,21 @@ def test_a_failing_or_hanging_check_is_a_failed_result_with_its_output(tmp_path)
 
     path = tmp_path / "written" / "summary.json"
     code = f"import json, os; os.makedirs({str(path.parent)!r}); json.dump({{'steps': 3}}, open({str(path)!r}, 'w'))"
-    writes = selfcheck.Check(
+    writes = selfcheck_checks.Check(
         "writes",
         "writes",
         (sys.executable, "-c", code),
         60,
-        selfcheck._from_summary(("steps",)),
+        selfcheck_checks._from_summary(("steps",)),
         targets=(Target("steps", "==", 3),),
         summary_path=str(path),
     )
     result = selfcheck.run_check(writes, str(tmp_path), str(tmp_path / "writes.log"))
     assert (result.status, result.figures, result.targets[0]["met"]) == (PASS, {"steps": 3}, True)
 
-    missing = selfcheck.Check("absent", "absent", (str(tmp_path / "no-such-program"),), 60, lambda t, s: {})
+    missing = selfcheck_checks.Check(
+        "absent", "absent", (str(tmp_path / "no-such-program"),), 60, lambda t, s: {}
+    )
     result = selfcheck.run_check(missing, str(tmp_path), str(tmp_path / "absent.log"))
     assert result.status == FAIL and result.reason.startswith("could not start: ")
 
