@@ -10,17 +10,8 @@ a completion, then calls ``generate`` once with every pending request and hands 
 its waiting request: as many completions per policy call as the agents allow. (An agent with
 several requests in flight at once counts as blocked as soon as one of them waits.)
 
-Token-in, token-out. A completion's context is not simply the template's rendering of the
-request's messages: the model's earlier turns must stay the ids it sampled, which decoding and
-re-encoding need not give back. The rule, for a request with messages ``M``: take the latest earlier
-completion ``c`` of this agent (asked with ``M_c``, answered with text ``t_c``) such that ``M[len(M_c)]``
-is an assistant message whose content is ``t_c`` (whitespace at the ends aside), ``H`` =
-render(``M[:len(M_c) + 1]``) starts with render(``M_c``) and render(``M``) starts with ``H``. Then the
-context is ``c``'s context + ``c``'s sampled ids + what ``H`` holds after the assistant turn's
-end-of-turn token (the template's separator; the end-of-turn token too when ``c`` was cut before EOS)
-+ render(``M``) after ``H``. With no such ``c`` the context is render(``M``): the conversation was
-restarted or edited, and the completions it left behind are dropped from the trajectory (counted in
-``agent/unchained_completions``).
+Token-in, token-out: each completion continues the ids the model sampled before, not a re-encoding
+of its text (``token_context``).
 
 A trajectory is the last completion's context plus its sampled ids; every earlier completion whose
 context and ids are a prefix of it is one of its model turns, kept verbatim with its log-probs.
@@ -38,12 +29,12 @@ import secrets
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from realrl.api.core.chat_turns import PLAIN_CHAT_TEMPLATE
 from realrl.base.plugins import load_attribute
 from realrl.impl.agents.endpoint import ChatReply, ChatRequest, EndpointServer, RequestError
+from realrl.impl.agents.token_context import Completion, chained_context, render_messages
 from realrl.impl.interface.trajectory import Trajectory
 
 POLL_SECONDS = 1.0  # the longest the caller's thread sleeps between checks of its deadline
@@ -74,23 +65,12 @@ GenerateFn = Callable[[list[CompletionRequest]], list[CompletionResult]]
 
 
 @dataclasses.dataclass
-class _Completion:
-    messages: list[dict[str, Any]]  # the request's messages
-    rendering: list[int]  # the template's rendering of them, generation prompt included
-    context: list[int]  # what the model continued (earlier turns as sampled)
-    tokens: list[int]
-    logprobs: list[float]
-    no_eos: bool
-    text: str  # the content the agent was answered with
-
-
-@dataclasses.dataclass
 class _Agent:
     index: int
     sample_id: Any
     prompt: str
     metadata: dict[str, Any]
-    completions: list[_Completion] = dataclasses.field(default_factory=list)
+    completions: list[Completion] = dataclasses.field(default_factory=list)
     issued: int = 0  # completion requests numbered so far (their keys)
     blocked: int = 0  # requests waiting for the policy (guarded by the session's lock)
     done: bool = False  # (guarded by the session's lock)
@@ -155,53 +135,10 @@ class _Session:
 
     # ---- on the endpoint's loop ----
 
-    def render(self, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> list[int]:
-        kwargs = {"tools": tools} if tools else {}
-        try:
-            ids = self.tokenizer.apply_chat_template(
-                messages,
-                add_generation_prompt=generation_prompt,
-                tokenize=True,
-                return_dict=False,
-                chat_template=self.tokenizer.chat_template or PLAIN_CHAT_TEMPLATE,
-                **kwargs,
-            )
-        except Exception as e:  # noqa: BLE001 - templates raise what they like; the agent sees why
-            raise RequestError(
-                f"the chat template cannot render these messages: {type(e).__name__}: {e}"
-            ) from e
-        if isinstance(ids, Mapping):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-
-    def context(
-        self, agent: _Agent, messages: list[dict[str, Any]], tools: Any, rendering: list[int]
-    ) -> list[int]:
-        """The module docstring's token-in, token-out rule."""
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        for c in reversed(agent.completions):
-            n = len(c.messages)
-            if len(messages) <= n or messages[n].get("role") != "assistant":
-                continue
-            if (messages[n].get("content") or "").strip() != c.text.strip():
-                continue
-            try:
-                history = self.render(messages[: n + 1], tools, generation_prompt=False)
-            except RequestError:
-                continue
-            if history[: len(c.rendering)] != c.rendering or rendering[: len(history)] != history:
-                continue
-            turn = history[len(c.rendering) :]
-            ends = {eos} | ({c.tokens[-1]} if c.tokens and not c.no_eos else set())
-            end = next((i for i, t in enumerate(turn) if t in ends), None)
-            after = [] if end is None else turn[end + (0 if c.no_eos else 1) :]
-            return c.context + c.tokens + after + rendering[len(history) :]
-        return rendering
-
     async def complete(self, agent: _Agent, chat: ChatRequest) -> ChatReply:
         """The endpoint's handler: queue one completion for the caller's thread and wait for it."""
-        rendering = self.render(chat.messages, chat.tools, generation_prompt=True)
-        context = self.context(agent, chat.messages, chat.tools, rendering)
+        rendering = render_messages(self.tokenizer, chat.messages, chat.tools, generation_prompt=True)
+        context = chained_context(self.tokenizer, agent.completions, chat.messages, chat.tools, rendering)
         budget = self.max_new_tokens if chat.max_tokens is None else min(self.max_new_tokens, chat.max_tokens)
         if self.max_total_tokens is not None:
             left = self.max_total_tokens - len(context)
@@ -240,7 +177,7 @@ class _Session:
         content = tokens if result.no_eos or not tokens else tokens[:-1]
         text = self.tokenizer.decode(content, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         agent.completions.append(
-            _Completion(chat.messages, rendering, context, tokens, list(result.logprobs), result.no_eos, text)
+            Completion(chat.messages, rendering, context, tokens, list(result.logprobs), result.no_eos, text)
         )
         token_texts = (
             [self.tokenizer.decode([t], skip_special_tokens=False) for t in tokens] if chat.logprobs else []
@@ -366,7 +303,7 @@ class _Session:
         tokens = last.context + last.tokens
         mask = [False] * len(tokens)
         logprobs = [0.0] * len(tokens)
-        chain: list[_Completion] = []
+        chain: list[Completion] = []
         bound = len(tokens)  # the earliest position a later turn of the chain claims
         for c in reversed(agent.completions):
             start, end = len(c.context), len(c.context) + len(c.tokens)
