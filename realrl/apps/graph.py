@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from realrl.api.core.dfg import build_graph, draw_graph, graph_to_dot
-from realrl.experiments.ppo import PPO_DATASET_KEYS, ppo_mfcs
+from realrl.experiments.ppo_graph import PPO_DATASET_KEYS, ppo_mfcs
 
 GRAPHS = {"ppo": (lambda n: ppo_mfcs(n), PPO_DATASET_KEYS)}
 

@@ -1,7 +1,7 @@
 import pytest
 
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType, build_graph, draw_graph, graph_to_dot
-from realrl.experiments.ppo import PPO_DATASET_KEYS, ppo_mfcs
+from realrl.experiments.ppo_graph import PPO_DATASET_KEYS, ppo_mfcs
 
 
 def node(name, inputs=(), outputs=(), model="actor", type_="inference"):

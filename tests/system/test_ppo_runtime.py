@@ -19,7 +19,7 @@ from realrl.api.core.system_api import ExperimentConfig, ModelSpec, Timeouts
 from realrl.apps.main import run_experiment
 from realrl.impl.interface.ppo_config import make_ppo_hyperparameters
 
-ppo_module = pytest.importorskip("realrl.experiments.ppo")
+ppo_module = pytest.importorskip("realrl.experiments.ppo_graph")
 
 WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", ".", "good", "great", "bad", "awful"] + [
     f"w{i}" for i in range(23)
