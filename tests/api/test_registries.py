@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from realrl.api.core import data_api, model_api
+from realrl.api.core import data_api, hf_family, model_api
 from realrl.api.core.config import (
     DatasetAbstraction,
     ModelAbstraction,
@@ -93,12 +93,12 @@ def test_backend_model_and_reward_registries():
 
 
 def test_hf_family_registry():
-    fam = model_api.register_hf_family("test_family", ("test_arch",), *(lambda *a: None for _ in range(7)))
-    assert model_api.hf_family_for_model_type("test_arch") is fam
+    fam = hf_family.register_hf_family("test_family", ("test_arch",), *(lambda *a: None for _ in range(7)))
+    assert hf_family.hf_family_for_model_type("test_arch") is fam
     with pytest.raises(LookupError, match="no HF family handles model_type 'nope'"):
-        model_api.hf_family_for_model_type("nope")
+        hf_family.hf_family_for_model_type("nope")
     with pytest.raises(ValueError, match="already registered"):
-        model_api.register_hf_family("test_family", "x", *(lambda *a: None for _ in range(7)))
+        hf_family.register_hf_family("test_family", "x", *(lambda *a: None for _ in range(7)))
 
 
 def test_names_and_configs():

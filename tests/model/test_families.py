@@ -6,7 +6,7 @@ import pytest
 import torch
 from model_fixtures import FAMILIES, make_hf_model, packed
 
-from realrl.api.core.model_api import hf_family_for_model_type, registered_hf_families
+from realrl.api.core.hf_family import hf_family_for_model_type, registered_hf_families
 from realrl.impl.model.nn.real_model import ReaLModel
 
 

@@ -15,7 +15,8 @@ import json
 import pytest
 import transformers
 
-from realrl.api.core.model_api import ReaLModelConfig, get_hf_family
+from realrl.api.core.hf_family import get_hf_family
+from realrl.api.core.model_api import ReaLModelConfig
 
 SIZES = {
     "llama": dict(

@@ -18,12 +18,12 @@ from safetensors import safe_open
 
 from realrl.api.core.config import ModelName
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
+from realrl.api.core.hf_family import get_hf_family
 from realrl.api.core.layout_fit import check_tensor_parallel
 from realrl.api.core.model_api import (
     GenerationHyperparameters,
     Model,
     ReaLModelConfig,
-    get_hf_family,
     make_interface,
 )
 from realrl.impl.model.backend.activation_checkpointing import enable_gradient_checkpointing

@@ -23,8 +23,9 @@ from model_fixtures import make_hf_model, tiny_config
 
 import realrl.api.from_hf  # noqa: F401  (registers the families)
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
+from realrl.api.core.hf_family import registered_hf_families
 from realrl.api.core.layout import Layout, Placement
-from realrl.api.core.model_api import ReaLModelConfig, registered_hf_families
+from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn.real_model import ReaLModel

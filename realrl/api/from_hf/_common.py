@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from realrl.api.core.model_api import HFFamily, ReaLModelConfig, register_hf_family
+from realrl.api.core.hf_family import HFFamily, register_hf_family
+from realrl.api.core.model_api import ReaLModelConfig
 
 
 class HFConfig:

@@ -12,7 +12,8 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from realrl.api.core.model_api import HFFamily, ReaLModelConfig
+from realrl.api.core.hf_family import HFFamily
+from realrl.api.core.model_api import ReaLModelConfig
 from realrl.api.from_hf._common import hf_config_dict, register_family, rope_from_hf, rope_to_hf, token_ids
 
 if TYPE_CHECKING:  # converters run in workers; reading configs needs no torch

@@ -19,7 +19,8 @@ import torch
 
 import realrl.api.from_hf  # noqa: F401  (registers the families)
 from realrl.api.core.dtype_names import dtype_name
-from realrl.api.core.model_api import HFFamily, ReaLModelConfig, get_hf_family, hf_family_for_model_type
+from realrl.api.core.hf_family import HFFamily, get_hf_family, hf_family_for_model_type
+from realrl.api.core.model_api import ReaLModelConfig
 from realrl.base import logging
 from realrl.impl.model.nn import lora
 
