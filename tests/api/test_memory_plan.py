@@ -16,15 +16,9 @@ from realrl.api.core.config import (
 from realrl.api.core.dfg import MFCDef
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.model_api import ReaLModelConfig
+from realrl.api.core.model_size import model_config, model_configs, param_counts
 from realrl.api.core.system_api import ExperimentConfig, ModelSpec
-from realrl.api.quickstart.memory_plan import (
-    check_fits,
-    format_plan,
-    model_config,
-    model_configs,
-    param_counts,
-    plan_memory,
-)
+from realrl.api.quickstart.memory_plan import check_fits, format_plan, plan_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -153,13 +147,13 @@ def test_pipeline_stages_get_a_row_each_on_their_own_workers():
 
 def test_a_run_on_gpus_is_refused_before_any_worker_starts_when_the_plan_does_not_fit():
     """``run_experiment`` checks the plan against the smallest visible GPU's memory."""
-    from realrl.apps.main import check_memory
+    from realrl.apps.feasibility import check_feasible
 
     e = exp({"actor": spec()}, {"actor": "d1m1p2"})
-    check_memory(e, None)  # CPU workers: not checked
-    check_memory(e, 10**9)
+    check_feasible(e)  # CPU workers: not checked
+    check_feasible(e, 10**9)
     with pytest.raises(ValueError, match=r"the memory plan does not fit: worker \d needs .* GiB .*actor/s\d"):
-        check_memory(e, 10_000)
+        check_feasible(e, 10_000)
 
 
 def test_colocated_roles_sum_and_offloaded_count_once():
