@@ -82,17 +82,8 @@ def register_family(
     """Register the family ``name`` for the HF ``model_type`` of the same name, its parameters
     named as every ReaLModel's (``embedding_param_names``, ``tblock_param_names``,
     ``head_param_names``)."""
-    return register_hf_family(
-        name,
-        name,
-        config_from_hf,
-        config_to_hf,
-        sd_from_hf,
-        sd_to_hf,
-        embedding_param_names,
-        tblock_param_names,
-        head_param_names,
-    )
+    param_names = (embedding_param_names, tblock_param_names, head_param_names)
+    return register_hf_family(name, name, config_from_hf, config_to_hf, sd_from_hf, sd_to_hf, *param_names)
 
 
 def embedding_param_names(cfg: ReaLModelConfig) -> list[str]:

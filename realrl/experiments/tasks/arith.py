@@ -15,6 +15,8 @@ from realrl.api.core.model_api import GenerationHyperparameters
 from realrl.experiments.tasks.base import (
     ONE_THREAD,
     Recipe,
+    answer_rl_preset,
+    answer_sft_preset,
     before_after,
     register_answer_task,
     rl_recipe,
@@ -22,31 +24,9 @@ from realrl.experiments.tasks.base import (
 from realrl.impl.dataset.toy.arith import ArithTaskConfig, arith_model_config, arith_paths, build_arith_task
 
 MAX_NEW_TOKENS = 5  # "####", up to three digits, EOS
-SFT_PRESET = ONE_THREAD + (
-    "exp_ctrl.total_train_epochs=10",
-    "model.optimizer.lr=1e-3",
-    "model.optimizer.lr_scheduler_type=cosine",
-    "model.optimizer.warmup_steps_proportion=0.05",
-    "model.optimizer.min_lr_ratio=0.05",
-    "model.optimizer.weight_decay=0.0",
-    "dataset.train_bs_n_seqs=64",
-    "dataset.max_seqlen=32",
-)
-RL_PRESET = ONE_THREAD + (
-    "exp_ctrl.total_train_steps=60",
-    "dataset.train_bs_n_seqs=32",
-    "dataset.max_prompt_len=16",
-    "dataset.metadata_keys=[answer]",
-    "actor.optimizer.lr=1e-4",  # 3e-4 sharpens the policy (KL ~3 nats) without making it right
-    "ppo.gen.n=8",
-    f"ppo.gen.max_new_tokens={MAX_NEW_TOKENS}",
-    "ppo.gen.top_p=1.0",
-    "ppo.gen.top_k=0",
-    "ppo.ppo_n_epochs=1",
-    "ppo.ppo_n_minibatches=1",
-    "ppo.kl_loss_coef=0.0",
-    "reward_fn=math_answer",
-)
+SFT_PRESET = answer_sft_preset(epochs=10, max_seqlen=32)
+# its actor learning rate of 1e-4: 3e-4 sharpens the policy (KL ~3 nats) without making it right
+RL_PRESET = answer_rl_preset(60, MAX_NEW_TOKENS, scoring=("reward_fn=math_answer",))
 
 
 def exact_match_before_after(cfg: Any) -> dict[str, Any]:

@@ -112,6 +112,50 @@ RL_FILES = {"dataset.path": "rl_train", "dataset.valid_path": "rl_valid", "token
 GROUP_EXPERIMENTS = ("grpo", "rloo", "reinforce_pp")  # group-relative RL: one recipe serves them all
 
 
+def answer_sft_preset(epochs: int, max_seqlen: int) -> tuple[str, ...]:
+    """Supervised fine-tuning of an answer task's model from random weights: a cosine schedule
+    from 1e-3, batches of 64 sequences."""
+    return ONE_THREAD + (
+        f"exp_ctrl.total_train_epochs={epochs}",
+        "model.optimizer.lr=1e-3",
+        "model.optimizer.lr_scheduler_type=cosine",
+        "model.optimizer.warmup_steps_proportion=0.05",
+        "model.optimizer.min_lr_ratio=0.05",
+        "model.optimizer.weight_decay=0.0",
+        "dataset.train_bs_n_seqs=64",
+        f"dataset.max_seqlen={max_seqlen}",
+    )
+
+
+def answer_rl_preset(
+    steps: int, max_new_tokens: int, rollout: tuple[str, ...] = (), scoring: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """RL on an answer task's prompts (their reference answer passed on as metadata): 8 samples a
+    prompt, one update a batch, no KL loss, the actor's learning rate 1e-4; ``rollout`` options come
+    before the learning rate, ``scoring`` options last."""
+    return (
+        ONE_THREAD
+        + (
+            f"exp_ctrl.total_train_steps={steps}",
+            "dataset.train_bs_n_seqs=32",
+            "dataset.max_prompt_len=16",
+            "dataset.metadata_keys=[answer]",
+        )
+        + rollout
+        + (
+            "actor.optimizer.lr=1e-4",
+            "ppo.gen.n=8",
+            f"ppo.gen.max_new_tokens={max_new_tokens}",
+            "ppo.gen.top_p=1.0",
+            "ppo.gen.top_k=0",
+            "ppo.ppo_n_epochs=1",
+            "ppo.ppo_n_minibatches=1",
+            "ppo.kl_loss_coef=0.0",
+        )
+        + scoring
+    )
+
+
 def rl_recipe(preset: tuple[str, ...], summarize: Callable[[Any], dict[str, Any]]) -> Recipe:
     """Reinforcement learning from the SFT policy on a task's ``rl_train`` / ``rl_valid`` prompts."""
     return Recipe(preset, RL_FILES, {"actor.path": "sft"}, summarize=summarize)

@@ -12,38 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from realrl.experiments.tasks.base import ONE_THREAD, before_after, register_answer_task, rl_recipe
+from realrl.experiments.tasks.base import (
+    answer_rl_preset,
+    answer_sft_preset,
+    before_after,
+    register_answer_task,
+    rl_recipe,
+)
 from realrl.impl.dataset.toy.calc import CalcTaskConfig, build_calc_task, calc_model_config, calc_paths
 
 MAX_TURNS = 4  # three calls (three operations) and the answer
 MAX_NEW_TOKENS = 12  # per turn: "calc", two four-digit operands, an operator, EOS (and a spare)
 MAX_TOTAL_TOKENS = 64  # after the prompt: a three-operation trajectory is at most ~58
-SFT_PRESET = ONE_THREAD + (
-    "exp_ctrl.total_train_epochs=4",
-    "model.optimizer.lr=1e-3",
-    "model.optimizer.lr_scheduler_type=cosine",
-    "model.optimizer.warmup_steps_proportion=0.05",
-    "model.optimizer.min_lr_ratio=0.05",
-    "model.optimizer.weight_decay=0.0",
-    "dataset.train_bs_n_seqs=64",
-    "dataset.max_seqlen=96",
-)
-RL_PRESET = ONE_THREAD + (
-    "exp_ctrl.total_train_steps=80",
-    "dataset.train_bs_n_seqs=32",
-    "dataset.max_prompt_len=16",
-    "dataset.metadata_keys=[answer]",
-    "env=calc",
-    f"ppo.max_turns={MAX_TURNS}",
-    f"ppo.max_total_tokens={MAX_TOTAL_TOKENS}",
-    "actor.optimizer.lr=1e-4",
-    "ppo.gen.n=8",
-    f"ppo.gen.max_new_tokens={MAX_NEW_TOKENS}",
-    "ppo.gen.top_p=1.0",
-    "ppo.gen.top_k=0",
-    "ppo.ppo_n_epochs=1",
-    "ppo.ppo_n_minibatches=1",
-    "ppo.kl_loss_coef=0.0",
+SFT_PRESET = answer_sft_preset(epochs=4, max_seqlen=96)
+RL_PRESET = answer_rl_preset(
+    80,
+    MAX_NEW_TOKENS,
+    rollout=("env=calc", f"ppo.max_turns={MAX_TURNS}", f"ppo.max_total_tokens={MAX_TOTAL_TOKENS}"),
 )
 
 
