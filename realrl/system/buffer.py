@@ -3,7 +3,13 @@
 Only metadata lives here (``SequenceSample.meta()`` per id). An MFC takes the first ``n_seqs`` ids
 (in arrival order) it has not taken yet, and fires once all of them have its input keys; taking
 them in arrival order, not readiness order, keeps batches identical from run to run whatever the
-timing. An id leaves the buffer once every MFC of the graph has finished with it.
+timing. An id leaves the buffer once every MFC of the graph has finished with it, and only the workers
+holding one of its keys are told to free it.
+
+The buffer is the one record of who holds which (id, key): a dataset batch's owner, a call's
+outputs on its workers, the copies a call received, and the pushes in flight (a producer sending
+outputs to the workers that will read them, ``transfer_plan``). Planners read it and never write
+it; the dispatcher reports what each call moved.
 """
 
 from __future__ import annotations
@@ -11,12 +17,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from realrl.api.core.data_api import SequenceSample
 
-if TYPE_CHECKING:
-    from realrl.system.transfer_plan import Push
+
+@dataclasses.dataclass(frozen=True)
+class Push:
+    """A push in flight, as the buffer records it until a call on its destination receives it."""
+
+    src: int
+    ids: tuple[Hashable, ...]
+    tag: int
 
 
 @dataclasses.dataclass
@@ -33,7 +44,7 @@ class SampleBuffer:
         self.mfc_names = frozenset(mfc_names)
         self.entries: dict[Hashable, _Entry] = {}
         self._waiters: list[asyncio.Future] = []
-        # pushes in flight (transfer_plan): (id, key, destination worker) -> the push carrying it
+        # pushes in flight: (id, key, destination worker) -> the push carrying it
         self.pushes: dict[tuple[Hashable, str, int], Push] = {}
 
     def __len__(self) -> int:
@@ -92,16 +103,16 @@ class SampleBuffer:
         for sid in push.ids:
             self.pushes[(sid, key, dst)] = push
 
-    def take_push(self, sid: Hashable, key: str, dst: int) -> Push | None:
-        """The push bringing ``key`` of ``sid`` to ``dst``, if one is in flight: forgotten for all its
-        ids and ``dst`` counted as holding them (it receives them before any later request of
+    def receive_pushes(self, pieces: Iterable) -> None:
+        """The pushed ``TransferPiece``s a call's plan takes: each push is forgotten for all its ids
+        and its destination counted as holding them (it receives them before any later request of
         its own, and sends nothing before it has)."""
-        push = self.pushes.pop((sid, key, dst), None)
-        if push is not None:
-            for other in push.ids:
-                self.pushes.pop((other, key, dst), None)
-                self._entry(other).owners[key].add(dst)
-        return push
+        for piece in pieces:
+            if not piece.pushed:
+                continue
+            for sid in piece.ids:
+                self.pushes.pop((sid, piece.key, piece.dst), None)
+                self._entry(sid).owners[piece.key].add(piece.dst)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -119,6 +130,10 @@ class SampleBuffer:
     def is_ready(self, ids: Sequence[Hashable], keys: Iterable[str]) -> bool:
         keys = set(keys)
         return all(keys <= self.entries[sid].meta.keys for sid in ids)
+
+    def pending_push(self, sid: Hashable, key: str, dst: int) -> Push | None:
+        """The push bringing ``key`` of ``sid`` to ``dst``, if one is in flight."""
+        return self.pushes.get((sid, key, dst))
 
     def owners(self, sid: Hashable, key: str) -> set[int]:
         entry = self._entry(sid)
@@ -171,6 +186,20 @@ class SampleBuffer:
             del self.entries[sid]
         self._changed()
         return done
+
+    def release(self, mfc: str, ids: Sequence[Hashable]) -> dict[int, list[Hashable]]:
+        """``finish``, and which worker holds which of the ids dropped: the frees to send."""
+        holders = self.holders(ids)
+        done = set(self.finish(mfc, ids))
+        return {w: [sid for sid in held if sid in done] for w, held in holders.items() if done & set(held)}
+
+    def holders(self, ids: Sequence[Hashable]) -> dict[int, list[Hashable]]:
+        """Worker -> the ids of ``ids`` it holds a key of, in the order given."""
+        out: dict[int, list[Hashable]] = {}
+        for sid in ids:
+            for w in sorted(set().union(*self._entry(sid).owners.values())):
+                out.setdefault(w, []).append(sid)
+        return dict(sorted(out.items()))
 
     def live_steps(self) -> set[int]:
         return {e.step for e in self.entries.values()}

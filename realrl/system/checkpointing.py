@@ -12,6 +12,8 @@ Layout under the run folder:
   recover/step<k>/inflight/<mfc>.step<j>.part<r>.pt        after k that sampled from weights older
                                                            than the point's (its record; the answers
                                                            of each data-parallel part)
+  recover/step<k>/master.json                              the master's counters (the data feed's
+                                                           position along the dataset)
   recover/step<k>/manifest.json                            every file of the point with its size:
                                                            written once every part is on disk, so
                                                            its presence marks the point complete
@@ -21,8 +23,9 @@ Only the two newest complete points are kept: the previous one stays until a new
 complete, and a resumed run takes the newest point that passes ``verify_recover_point`` (named
 problems are logged for the ones it skips).
 
-Data positions need no saving: a worker's data order is a function of (seed, epoch, dp rank), and
-the master derives epoch and position from the step counter. Nor does RNG: every call reseeds.
+A worker's data order is a function of (seed, epoch, dp rank); the master's position along it
+(batches fetched: one per step, more with dynamic sampling) is kept in ``master.json``. RNG needs
+no saving: every call reseeds.
 
 This module is the master's half (where points live, which are complete, which to resume from)
 and imports no torch; the workers write and read their parts with ``recover_state``.
@@ -92,6 +95,19 @@ def inflight_record(run_dir: str, step: int, mfc: str, call_step: int) -> str:
 def inflight_part(run_dir: str, step: int, mfc: str, call_step: int, part: int) -> str:
     """Where data-parallel part ``part`` of that call's answers is saved (by the part's first worker)."""
     return os.path.join(inflight_dir(run_dir, step), f"{mfc}.step{call_step}.part{part}.pt")
+
+
+def master_state_file(run_dir: str, step: int) -> str:
+    return os.path.join(step_dir(run_dir, step), "master.json")
+
+
+def read_master_state(run_dir: str, step: int) -> dict:
+    """The master's counters the point of ``step`` kept ({} for a point written without them)."""
+    path = master_state_file(run_dir, step)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def read_inflight(run_dir: str, step: int) -> dict[tuple[str, int], dict]:

@@ -16,16 +16,13 @@ A training worker then never waits for a busy generation worker, nor the reverse
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from realrl.api.core.devices import is_cuda
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Placement
 from realrl.api.core.system_api import ExperimentConfig, copy_name
 from realrl.system.protocol import ReallocOrder
-
-if TYPE_CHECKING:
-    from realrl.system.function_call import TagCounter
+from realrl.system.transfer_plan import TagCounter
+from realrl.system.version_rule import VersionRule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,21 +47,25 @@ class CopyTracker:
     the version a generate call samples from is its samples' ``behav_version``, and the
     difference to the version that trains on them their staleness (asynchronous RL)."""
 
-    def __init__(self, config: ExperimentConfig, tags: TagCounter, start_version: int = 0):
+    def __init__(self, config: ExperimentConfig, tags: TagCounter):
         self.config = config
+        self.rule = VersionRule(config)  # whether copies are kept and pushed to (asynchronous RL)
         self.tags = tags  # the dispatcher's: a push's messages need tags unique among live ones
-        # training calls posted per model (a resumed run starts at the step it resumed from)
-        self.versions = dict.fromkeys(config.allocations, start_version)
+        self.versions = dict.fromkeys(config.allocations, 0)  # training calls posted per model
         self.filled: dict[str, int] = {}  # live copy -> the version it was filled at
         self.versions_used: dict[tuple[str, int], int] = {}  # (mfc, step) -> the version it ran on
         self.pushed: dict[str, list[ReallocOrder]] = {}  # copy -> pushes it has not received yet
+
+    def start_at(self, version: int) -> None:
+        """A resumed run: every model has trained ``version`` steps, and no copy is filled yet."""
+        self.versions = dict.fromkeys(self.versions, version)
 
     def push_placements(self, role: str) -> list[Placement]:
         """The generation copies of ``role`` its training calls push to: under asynchronous RL, on
         workers apart from home, with messages through host memory (CPU devices; on GPUs the
         moves go over NCCL, and the copies are refilled by an ordinary reallocation)."""
         cfg = self.config
-        if cfg.async_rl is None or is_cuda(cfg.device):
+        if not self.rule.pushes_weights():
             return []
         home, out = cfg.placement(role), []
         for m in cfg.mfcs:
@@ -80,10 +81,10 @@ class CopyTracker:
         serves the call of step v + max_staleness), none otherwise. Every push is received by
         the copy's next call (``plan``)."""
         cfg, role = self.config, mfc.role
-        if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP or cfg.async_rl is None:
+        if mfc.interface_type is not ModelInterfaceType.TRAIN_STEP:
             return []
         version = self.versions[role]
-        if version + cfg.async_rl.max_staleness >= total_steps:
+        if not self.rule.serves_a_call(version, total_steps):
             return []
         orders = []
         for placement in self.push_placements(role):
@@ -119,7 +120,7 @@ class CopyTracker:
         name = copy_name(role, placement)
         receives = self._receive(name, self.versions[role]) if name in self.filled else ()
         filled = self.filled.get(name)
-        ahead = cfg.async_rl is not None and mfc.interface_type is ModelInterfaceType.GENERATE
+        ahead = self.rule.keeps_copy(mfc)
         # under asynchronous RL the master posts a generate call of step k when exactly
         # k - max_staleness training calls of its model are posted (VersionRule.ready): the copy
         # then holds, or is refilled to, exactly that version

@@ -17,10 +17,9 @@ from collections.abc import Hashable
 from realrl.api.core.dfg import MFCDef
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.system.buffer import SampleBuffer
-from realrl.system.copies import CopyTracker
-from realrl.system.function_call import CallDispatcher, CallResult, TagCounter, post_all
-from realrl.system.protocol import FetchRequest
-from realrl.system.request_reply_stream import MasterStream
+from realrl.system.data_feed import DataFeed
+from realrl.system.function_call import CallResult
+from realrl.system.subgraph import SubgraphExecutor
 
 
 class DynamicSamplingError(RuntimeError):
@@ -54,32 +53,25 @@ class SampledStep:
 
 
 class DynamicSampler:
-    def __init__(
-        self,
-        config: ExperimentConfig,
-        stream: MasterStream,
-        tags: TagCounter,
-        copies: CopyTracker,
-        prompt_batches: int,
-    ):
-        """``prompt_batches``: batches of prompts fetched before (a resumed run's position);
-        ``tags`` and ``copies``: the master's, as these calls interleave with the graph's."""
+    def __init__(self, config: ExperimentConfig, feed: DataFeed, executor: SubgraphExecutor):
+        """``feed``: where the rounds' prompts come from (its position is the run's, resumed with
+        it); ``executor``: runs the sampling calls on each step's private buffer."""
         if config.dynamic_sampling is None:
             raise ValueError("DynamicSampler needs ExperimentConfig.dynamic_sampling")
-        self.config, self.stream, self.tags, self.copies = config, stream, tags, copies
+        self.config, self.feed, self.executor = config, feed, executor
         self.mfcs: list[MFCDef] = config.sampling_mfcs()
         self.filter_name = config.dynamic_sampling.filter_mfc
         self.max_rounds = config.dynamic_sampling.max_rounds
-        self.prompt_batches = prompt_batches
 
-    async def sample(
-        self, step: int, steps_per_epoch: int, owners: list[int], counts: list[int]
-    ) -> SampledStep:
-        """Run rounds until a full batch is kept; ``owners[i]`` fetches ``counts[i]`` prompts per
-        round from its shard."""
-        cfg, timeout = self.config, self.config.timeouts.request
-        buffer = SampleBuffer(m.name for m in self.mfcs)
-        calls = CallDispatcher(buffer, self.stream, timeout, tags=self.tags)
+    @property
+    def prompt_batches(self) -> int:
+        """Batches of prompts fetched by the run so far."""
+        return self.feed.position
+
+    async def sample(self, step: int) -> SampledStep:
+        """Run rounds until a full batch is kept, each on the feed's next batch."""
+        cfg = self.config
+        buffer = self.executor.buffer(self.mfcs)
         results: dict[str, list[CallResult]] = {m.name: [] for m in self.mfcs}
         kept: list[Hashable] = []
         fetched: list[Hashable] = []
@@ -94,27 +86,14 @@ class DynamicSampler:
                     "dynamic_sampling.max_rounds, use other data, or turn dynamic sampling off"
                 )
             rounds += 1
-            epoch, index = divmod(self.prompt_batches, steps_per_epoch)
+            epoch, prompts = await self.feed.fetch(step)
             first_epoch = epoch if first_epoch is None else first_epoch
-            requests = {w: FetchRequest(n, step, epoch, index * n) for w, n in zip(owners, counts)}
-            replies = await post_all(self.stream, requests, "fetch", timeout, f"prompts of step {step}")
-            self.prompt_batches += 1
-            batch: list[Hashable] = []
-            for w in owners:
-                buffer.add(replies[w].meta, owner=w, step=step)
-                batch += list(replies[w].meta.ids)
+            batch = [sid for _, meta in prompts for sid in meta.ids]
             fetched += batch
-            for m in self.mfcs:
-                ids = buffer.take_ready(m.name, m.input_keys, len(batch))
-                if ids is None:
-                    raise RuntimeError(
-                        f"dynamic sampling: the inputs {m.input_keys} of {m.name!r} are not ready"
-                    )
-                posted = calls.post(
-                    m, step, ids, cfg.call_placement(m.name).replicas(), self.copies.plan(m, step)
-                )
-                results[m.name].append(await calls.finish(m, posted))
-            dropped = set(results[self.filter_name][-1].dropped)
+            done = await self.executor.run("dynamic sampling", self.mfcs, buffer, prompts, step)
+            for name, result in done.items():
+                results[name].append(result)
+            dropped = set(done[self.filter_name].dropped)
             stray = sorted(map(str, dropped - set(batch)))
             if stray:
                 raise RuntimeError(f"{self.filter_name!r} dropped ids {stray[:4]} that are not in its batch")

@@ -2,7 +2,7 @@
 ranks, plan the moves), then finish it (wait for the replies, record the outputs). Every worker of a data-parallel
 replica (its tensor-parallel ranks) runs the call on the same share and produces the same
 outputs; each keeps a copy, and the replica's first worker reports the statistics. The master may post a call before
-finishing the previous one (``MasterWorker._run_mfc``).
+finishing the previous one (``MasterWorker._run_calls``).
 
 Everything one call asks of the workers is posted in one synchronous burst (no ``await`` in
 between), one request per worker, so every worker sees the calls in the same global order: that
@@ -20,13 +20,11 @@ from typing import Any
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.dfg import MFCDef
 from realrl.api.core.system_api import model_worker_name
-from realrl.system.buffer import SampleBuffer
+from realrl.system.buffer import Push, SampleBuffer
 from realrl.system.copies import CopyPlan
 from realrl.system.protocol import MFCCall, MFCReply, MFCRequest, ReallocOrder, Segment
 from realrl.system.request_reply_stream import MasterStream, WorkerError, WorkerLostError, wait_replies
-from realrl.system.transfer_plan import Push, plan_pushes, plan_transfers
-
-TAG_MODULUS = 2**30
+from realrl.system.transfer_plan import TagCounter, plan_pushes, plan_transfers
 
 
 @dataclasses.dataclass
@@ -69,16 +67,6 @@ class CallResult:
             unfinished=later.unfinished,
             rank_stats=ranks,
         )
-
-
-class TagCounter:
-    """Unique torch.distributed tags for transfer pieces."""
-
-    def __init__(self) -> None:
-        self.next = 0
-
-    def take(self, n: int) -> None:
-        self.next = (self.next + n) % TAG_MODULUS
 
 
 @dataclasses.dataclass
@@ -152,6 +140,7 @@ class CallDispatcher:
                     pieces = []
                 else:
                     pieces = plan_transfers(buffer, part.ids, mfc.input_keys, w, first_tag=tags.next)
+                    buffer.receive_pushes(pieces)
                 tags.take(len(pieces))
                 for p in pieces:
                     if not p.pushed:  # a pushed piece's source sent it when it produced it
@@ -250,6 +239,31 @@ async def post_all(
     """Post ``requests[w]`` to every worker ``w`` at once; their replies by worker index."""
     futures = {w: stream.post(model_worker_name(w), handler, data, what) for w, data in requests.items()}
     return await wait_replies(futures, model_worker_name, handler, timeout)
+
+
+class FreeQueue:
+    """Frees of samples every call is done with, each posted to the workers holding them
+    (``SampleBuffer.release``) and not waited for: their replies are checked as they come
+    (``reap``: a failed one is raised then, not at the end of the run) and at the end (``drain``)."""
+
+    def __init__(self, stream: MasterStream, timeout: float):
+        self.stream, self.timeout = stream, timeout
+        self.pending: list[dict[int, asyncio.Future]] = []
+
+    def post(self, by_worker: dict[int, list[Hashable]]) -> None:
+        if by_worker:
+            self.pending.append(
+                {w: self.stream.post(model_worker_name(w), "clear", ids) for w, ids in by_worker.items()}
+            )
+
+    async def reap(self) -> None:
+        """Check the replies already answered, oldest first."""
+        while self.pending and all(f.done() for f in self.pending[0].values()):
+            await wait_replies(self.pending.pop(0), model_worker_name, "clear", self.timeout)
+
+    async def drain(self) -> None:
+        while self.pending:
+            await wait_replies(self.pending.pop(0), model_worker_name, "clear", self.timeout)
 
 
 # what a worker's failure says when a peer it was exchanging tensors with went away (gloo's

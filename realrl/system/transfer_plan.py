@@ -52,13 +52,17 @@ class PushOrder:
     tag: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Push:
-    """A push in flight, as the master records it until a call on ``dst`` receives it."""
+TAG_MODULUS = 2**30
 
-    src: int
-    ids: tuple[Hashable, ...]
-    tag: int
+
+class TagCounter:
+    """Unique torch.distributed tags for transfer pieces, pushes and weight moves."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self, n: int) -> None:
+        self.next = (self.next + n) % TAG_MODULUS
 
 
 def push_targets(config: ExperimentConfig) -> dict[str, dict[str, list[int]]]:
@@ -87,20 +91,24 @@ def plan_transfers(
     buffer: SampleBuffer, ids: Sequence[Hashable], keys: Sequence[str], dst: int, first_tag: int
 ) -> list[TransferPiece]:
     """Pieces that bring ``keys`` of ``ids`` to worker ``dst``; keys it already holds stay put.
+    Reads the buffer only: the caller reports the pushed pieces taken
+    (``SampleBuffer.receive_pushes``).
 
-    A key pushed to ``dst`` is received whole, every id of the push (``SampleBuffer.take_push``:
-    ``dst`` holds them all from then on). Otherwise a key held by several workers is taken from the
-    lowest index, so plans are reproducible.
+    A key pushed to ``dst`` is received whole, every id of the push (``dst`` holds them all from
+    then on). Otherwise a key held by several workers is taken from the lowest index, so plans
+    are reproducible.
     """
     pieces: list[TransferPiece] = []
     for key in keys:
         runs: dict[int, list[Hashable]] = {}
+        received: set[Hashable] = set()  # ids of the pushes taken above: arriving with them
         for sid in ids:
-            if dst in buffer.owners(sid, key):
+            if sid in received or dst in buffer.owners(sid, key):
                 continue
-            push = buffer.take_push(sid, key, dst)
+            push = buffer.pending_push(sid, key, dst)
             if push is not None:
                 pieces.append(_piece(buffer, push.src, dst, key, list(push.ids), push.tag, pushed=True))
+                received.update(push.ids)
                 continue
             runs.setdefault(min(buffer.owners(sid, key)), []).append(sid)
         for src, run in sorted(runs.items()):

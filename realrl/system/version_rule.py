@@ -3,12 +3,16 @@
 A call that reads a model's weights at step k waits for every training call of that model at
 step k - 1, so it sees the weights of k training steps. Under asynchronous RL
 (``ExperimentConfig.async_rl``) a generate call waits only for step k - 1 - max_staleness: it runs
-up to ``max_staleness`` steps ahead, and the loader fetches that many more batches ahead. The
-master asks this object; it holds no state of the run.
+up to ``max_staleness`` steps ahead, and the loader fetches that many more batches ahead.
+
+This is the stateless half of the asynchrony policy (``asynchrony``): every decision that depends
+on whether the run is asynchronous (the bound, pieces, live steps, kept generation copies, weight
+pushes) is read from here; it holds no state of the run.
 """
 
 from __future__ import annotations
 
+from realrl.api.core.devices import is_cuda
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig
 
@@ -20,7 +24,8 @@ MAX_LIVE_STEPS = 4
 class VersionRule:
     def __init__(self, config: ExperimentConfig):
         self.config = config
-        self.max_staleness = config.async_rl.max_staleness if config.async_rl is not None else 0
+        self.asynchronous = config.async_rl is not None
+        self.max_staleness = config.async_rl.max_staleness if self.asynchronous else 0
 
     def lead(self, mfc: MFCDef) -> int:
         """How many steps ``mfc`` may run ahead of its model's training: ``max_staleness`` for a
@@ -30,10 +35,25 @@ class VersionRule:
     def pieces(self, mfc: MFCDef) -> int | None:
         """Partial rollouts: the tokens per piece ``mfc``'s calls decode in, for a generate call
         under asynchronous RL with ``interrupt_every`` set; else None (one piece)."""
-        a = self.config.async_rl
-        if a is None or mfc.interface_type is not ModelInterfaceType.GENERATE:
+        if not self.asynchronous or mfc.interface_type is not ModelInterfaceType.GENERATE:
             return None
-        return a.interrupt_every
+        return self.config.async_rl.interrupt_every
+
+    def keeps_copy(self, mfc: MFCDef) -> bool:
+        """Whether ``mfc``'s copy of its model stays filled between calls: a generate call's under
+        asynchronous RL, which samples ahead of training from a version it must keep."""
+        return self.asynchronous and mfc.interface_type is ModelInterfaceType.GENERATE
+
+    def pushes_weights(self) -> bool:
+        """Whether training calls push each new version to the generation copies on workers of
+        their own (asynchronous RL with messages through host memory: CPU devices; on GPUs the
+        copies are refilled by an ordinary reallocation)."""
+        return self.asynchronous and not is_cuda(self.config.device)
+
+    def serves_a_call(self, version: int, total_steps: int) -> bool:
+        """Whether a generate call will sample from ``version`` (version v serves the call of step
+        v + max_staleness): only then is it pushed."""
+        return version + self.max_staleness < total_steps
 
     @property
     def live_steps(self) -> int:
@@ -70,7 +90,7 @@ class VersionRule:
         whatever the timing, so an asynchronous run is reproducible (and resumable exactly) like
         a synchronous one. Those calls need only steps before t, so the wait never blocks."""
         if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
-            if self.config.async_rl is None:
+            if not self.asynchronous:
                 return True
             upto = min(step + 1 + self.max_staleness, total_steps)
             return all(calls_posted[g] >= upto for g in self._calls_of(mfc, ModelInterfaceType.GENERATE))

@@ -15,12 +15,11 @@ from system_graphs import mock_config
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.system_api import AsyncRL
-from realrl.system.buffer import SampleBuffer
+from realrl.system.buffer import Push, SampleBuffer
 from realrl.system.copies import CopyTracker
 from realrl.system.data_transfer import PendingSends
-from realrl.system.function_call import TagCounter
 from realrl.system.master_worker import MasterWorker
-from realrl.system.transfer_plan import Push, plan_pushes, plan_transfers, push_targets
+from realrl.system.transfer_plan import TagCounter, plan_pushes, plan_transfers, push_targets
 from realrl.system.version_rule import VersionRule
 
 GEN = Placement(Layout(2, 1, 1), (2, 3))  # the actor's home is d2 on workers 0 and 1
@@ -110,6 +109,8 @@ def test_a_pushed_key_is_received_whole_by_the_first_call_reading_it():
     buffer.expect_push(Push(2, ("a", "b"), 77), "values", dst=0)
     (piece,) = plan_transfers(buffer, ["a"], ["values"], dst=0, first_tag=10)
     assert (piece.src, piece.ids, piece.tag, piece.pushed, piece.rows) == (2, ["a", "b"], 77, True, 5)
+    assert buffer.owners("b", "values") == {2}  # planning only reads the buffer
+    buffer.receive_pushes([piece])  # the dispatcher reports the plan it posted
     assert buffer.owners("b", "values") == {0, 2}  # received with "a": nothing more to move
     assert plan_transfers(buffer, ["b"], ["values"], dst=0, first_tag=20) == []
     (fetched,) = plan_transfers(buffer, ["a"], ["values"], dst=1, first_tag=30)  # no push to 1

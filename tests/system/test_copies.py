@@ -14,7 +14,7 @@ GEN = Placement(Layout(2, 1, 1), (2, 3))
 
 def calls(tmp_path, keep: bool):
     from realrl.system.copies import CopyTracker
-    from realrl.system.function_call import TagCounter
+    from realrl.system.transfer_plan import TagCounter
 
     cfg = mock_config(tmp_path, "t", mfc_placements={"gen": GEN})
     cfg.models["actor"] = dataclasses.replace(cfg.models["actor"], keep_gen_copy=keep)
@@ -48,7 +48,7 @@ def test_asynchronous_generation_reuses_its_copy_within_the_staleness_bound(tmp_
     (its samples' staleness is the training step minus it)."""
     from realrl.api.core.system_api import AsyncRL
     from realrl.system.copies import CopyTracker
-    from realrl.system.function_call import TagCounter
+    from realrl.system.transfer_plan import TagCounter
 
     cfg = dataclasses.replace(mock_config(tmp_path, "t", mfc_placements={"gen": GEN}), async_rl=AsyncRL(1))
     tracker = CopyTracker(cfg, TagCounter())
@@ -69,7 +69,7 @@ def test_asynchronous_generation_reuses_its_copy_within_the_staleness_bound(tmp_
 def test_with_staleness_zero_the_copy_follows_every_training_step(tmp_path):
     from realrl.api.core.system_api import AsyncRL
     from realrl.system.copies import CopyTracker
-    from realrl.system.function_call import TagCounter
+    from realrl.system.transfer_plan import TagCounter
 
     cfg = dataclasses.replace(mock_config(tmp_path, "t", mfc_placements={"gen": GEN}), async_rl=AsyncRL(0))
     tracker = CopyTracker(cfg, TagCounter())

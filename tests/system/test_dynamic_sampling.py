@@ -17,9 +17,11 @@ from realrl.api.core.dfg import MFCDef
 from realrl.api.core.system_api import DynamicSampling
 from realrl.apps.main import ExperimentFailedError, run_experiment
 from realrl.system.copies import CopyTracker
+from realrl.system.data_feed import DataFeed
 from realrl.system.dynamic_sampling import DynamicSampler, DynamicSamplingError
-from realrl.system.function_call import TagCounter
 from realrl.system.protocol import FetchReply, MFCReply
+from realrl.system.subgraph import SubgraphExecutor
+from realrl.system.transfer_plan import TagCounter
 
 # -- the sampler against a fake stream --------------------------------------------------------
 
@@ -72,10 +74,13 @@ def run_sampler(tmp_path, drop, n_seqs=4, max_rounds=5, steps=1, steps_per_epoch
         dynamic_sampling=DynamicSampling("filter", max_rounds),
     )
     stream = stream or FakeStream(drop, n_seqs)
-    sampler = DynamicSampler(cfg, stream, TagCounter(), CopyTracker(cfg, TagCounter()), prompt_batches=0)
+    feed = DataFeed(cfg, stream)  # one shard on worker 0, n_seqs prompts per batch
+    feed.steps_per_epoch = steps_per_epoch
+    executor = SubgraphExecutor(cfg, stream, TagCounter(), CopyTracker(cfg, TagCounter()))
+    sampler = DynamicSampler(cfg, feed, executor)
 
     async def main():
-        return [await sampler.sample(step, steps_per_epoch, [0], [n_seqs]) for step in range(steps)]
+        return [await sampler.sample(step) for step in range(steps)]
 
     return asyncio.run(main()), stream, sampler
 
