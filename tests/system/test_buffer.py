@@ -136,3 +136,15 @@ def test_run_transfers_moves_pieces_both_ways_over_gloo(tmp_path):
         assert got["prompt_mask"].dtype == torch.bool
         assert got["prompt_mask"].tolist() == [True, False, True, True, False]
         assert got["rewards"].tolist() == [other + 0.5, other + 0.25]
+
+
+def test_frees_go_to_the_workers_holding_a_key_of_each_sample_only():
+    buf = SampleBuffer(["gen", "train"])
+    buf.add(batch(["a", "b"], [2, 3]).meta(), owner=0, step=0)
+    buf.add(batch(["c"], [4]).meta(), owner=1, step=0)
+    buf.update(outputs(["a"], [2]).meta(), owner=2)  # a's values live on worker 2 only
+    buf.add_owner(["b"], ["packed_prompts"], 3)  # worker 3 received a copy of b
+    assert buf.release("gen", ["a", "b", "c"]) == {}  # train still reads them: nothing freed
+    assert buf.holders(["a", "b", "c"]) == {0: ["a", "b"], 1: ["c"], 2: ["a"], 3: ["b"]}
+    assert buf.release("train", ["a", "b"]) == {0: ["a", "b"], 2: ["a"], 3: ["b"]}  # never worker 1
+    assert list(buf.entries) == ["c"]

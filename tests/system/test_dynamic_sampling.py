@@ -219,7 +219,18 @@ def test_workers_refill_the_batch_with_further_prompts(refill_run):
 
 def test_a_resumed_run_continues_where_the_prompts_stopped(refill_run, tmp_path):
     _, uninterrupted = refill_run
-    run_experiment(refill_config(tmp_path, "resume", steps=2, ckpt_freq_steps=2), "local")
+    first = refill_config(tmp_path, "resume", steps=2, ckpt_freq_steps=2)
+    run_experiment(first, "local")
+    # the position along the dataset is the recover point's, not read back from the records
+    with open(os.path.join(first.run_dir, "recover", "step2", "master.json")) as f:
+        assert json.load(f) == {"feed": {"position": 4}}
+    stats_path = os.path.join(first.run_dir, "stats.jsonl")
+    with open(stats_path) as f:
+        records = [json.loads(line) for line in f]
+    with open(stats_path, "w") as f:
+        f.writelines(
+            json.dumps({k: v for k, v in r.items() if "prompt_batches" not in k}) + "\n" for r in records
+        )
     resumed = run_experiment(refill_config(tmp_path, "resume", steps=3, resume=True), "local")
     assert [s["step"] for s in resumed] == [3]
     assert deterministic(resumed) == deterministic(uninterrupted)[2:]  # the same third batch
