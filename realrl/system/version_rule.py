@@ -16,7 +16,7 @@ from realrl.api.core.devices import is_cuda
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig
 
-# steps in flight: the call running, the next one posted early (the master's _run_mfc), and two
+# steps in flight: the call running, the next one posted early (the master's _run_calls), and two
 # more dataset batches fetched ahead, so the next batch is in the buffer before it is needed
 MAX_LIVE_STEPS = 4
 
