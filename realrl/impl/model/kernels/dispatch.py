@@ -26,12 +26,14 @@ What was measured (``benchmarks/bench_cpu_kernels.py``, inside the toy RLHF step
   ATen's grain size (32,768 elements) and on all of them above it, so with several threads the
   kernel takes only calls up to that size.
 
-On a GPU, ``use_triton`` is the rule, for plain CUDA tensors with Triton importable,
-``REALRL_NO_NATIVE`` unset and ``torch_only`` not in force: ``rms_norm`` runs one Triton kernel
-(``triton_norm.py``) where the call needs no gradient (decoding, prefill, inference; a training
-forward keeps the torch expression, whose backward autograd knows), and ``decode_attention``
-(``triton_attention.py``) reads each row's filled cache slots only, in fp16/bf16 without a
-sliding window (SDPA otherwise).
+On a GPU, ``use_triton`` is the rule, for dense CUDA tensors (plain ones, or a module's
+``nn.Parameter`` of one: not a DTensor) with Triton importable, ``REALRL_NO_NATIVE`` unset and
+``torch_only`` not in force: ``rms_norm`` runs one Triton kernel (``triton_norm.py``) where the
+call needs no gradient (decoding, prefill, inference; a training forward keeps the torch
+expression, whose backward autograd knows), and ``decode_attention`` (``triton_attention.py``)
+reads each row's filled cache slots only, in fp16/bf16 without a sliding window (SDPA otherwise).
+Under Triton's interpreter (``TRITON_INTERPRET=1``) ``rms_norm`` runs its kernel on CPU tensors
+too, where the C kernel does not take the call: how the CPU tests run it inside a model.
 """
 
 from __future__ import annotations
@@ -164,17 +166,20 @@ def use_triton(
     cache: torch.Tensor | None = None,
     window: int | None = None,
 ) -> bool:
-    """Whether ``op`` on ``x`` runs its Triton kernel: on CUDA, Triton available, ``torch_only``
-    not in force, and covered: ``rms_norm`` (``weight``) where no gradient is needed,
+    """Whether ``op`` on ``x`` runs its Triton kernel: on CUDA (``rms_norm`` also on the CPU under
+    Triton's interpreter), Triton available, ``torch_only`` not in force, and covered: ``rms_norm``
+    (``weight``: a plain tensor or a module's parameter, not a DTensor) where no gradient is needed,
     ``decode_attention`` (queries ``x`` on a KV ``cache`` layer) in half precision, no window."""
     if op not in TRITON_OPS:
         raise ValueError(f"no Triton kernel for {op!r}; there are {TRITON_OPS}")
-    if x.device.type != "cuda" or op in _torch_only:
+    if op in _torch_only:
         return False
     if op == "rms_norm":
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
             return False
-        return triton_norm.covers(x, weight) and triton_norm.available()
+        return triton_norm.runs_on(x.device) and triton_norm.covers(x, weight) and triton_norm.available()
+    if x.device.type != "cuda":
+        return False
     return triton_attention.covers(x, cache, window) and triton_attention.available()
 
 

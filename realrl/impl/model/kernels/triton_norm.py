@@ -20,10 +20,12 @@ import functools
 import os
 
 import torch
+from torch import nn
 
 from realrl.impl.model.kernels.native import DISABLE_ENV
 
 MAX_COLS = 16384  # one program holds a whole row in registers
+INTERPRET_ENV = "TRITON_INTERPRET"  # Triton's switch to its interpreter
 
 
 @functools.cache
@@ -66,11 +68,26 @@ def available() -> bool:
     return enabled() and _kernel() is not None
 
 
+def dense(t: torch.Tensor) -> bool:
+    """A tensor that owns strided memory the kernel can read through its pointer: a plain tensor or
+    a module's ``nn.Parameter`` of one (``RMSNorm.weight``). Not a tensor subclass: a DTensor
+    (tensor parallelism, FSDP2's sharded parameters, which are ``nn.Parameter``s of DTensors and
+    so of DTensor's type) or a collective's not-yet-waited output hold no such memory."""
+    return type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
+
+
+def runs_on(device: torch.device) -> bool:
+    """The kernel runs on ``device``: a CUDA device, or the CPU under Triton's interpreter
+    (``TRITON_INTERPRET=1``, which runs kernels on CPU tensors: how the CPU tests run it inside
+    a model)."""
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get(INTERPRET_ENV) == "1")
+
+
 def covers(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Plain tensors (the kernel reads raw pointers), a weight per column, rows that fit a program."""
+    """Dense tensors (``dense``), a weight per column, rows that fit a program."""
     return (
-        type(x) is torch.Tensor
-        and type(weight) is torch.Tensor
+        dense(x)
+        and dense(weight)
         and weight.dim() == 1
         and x.shape[-1] == weight.shape[0]
         and 0 < x.shape[-1] <= MAX_COLS
