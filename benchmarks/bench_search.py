@@ -1,7 +1,7 @@
 """The plan search against measurement: its predictions for candidate plans next to the step time
 each plan measures when it runs on this machine.
 
-The search (``realrl.apps.search``: short profiling runs of every call in every layout, cached,
+The search (``realrl.apps.plan_search``: short profiling runs of every call in every layout, cached,
 then the simulator over every plan of 2 workers) predicts each candidate's step time. Every
 candidate then runs the experiment for ``--steps`` steps from the command line, once per round
 (``--rounds``: every candidate in turn, then again, so that the machine's drift over the minutes
@@ -30,11 +30,11 @@ import sys
 
 from _smoke import SHORT_BATCHES, parse_args
 
-from realrl.api.quickstart.plan_space import with_allocation
 from realrl.apps.configs import build_config, register_everything
-from realrl.apps.profiles import step_gap
-from realrl.apps.search import distinct, search_plan
-from realrl.system.simulator import Costs, MissingCost, simulate
+from realrl.apps.plan_search.choose import distinct, search_plan
+from realrl.apps.plan_search.profiles import step_gap
+from realrl.apps.plan_search.simulator import Costs, MissingCost, simulate
+from realrl.apps.plan_search.space import with_allocation
 
 ONE_LAYOUT = ["d1m1p1", "d2m1p1", "d1m2p1"]
 MIXES = [  # bench_layouts.py's per-call candidates

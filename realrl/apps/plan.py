@@ -46,8 +46,9 @@ def _task_fallback(spec: ModelSpec, task_config: dict, fileroot: str) -> dict | 
 
 def plan(argv: list[str]) -> str:
     """The printed plan; ValueError when it cannot be made or does not fit."""
+    from realrl.api.core.model_size import model_config
     from realrl.api.quickstart.entrypoint import quickstart_experiments
-    from realrl.api.quickstart.memory_plan import check_fits, format_plan, model_config, plan_memory
+    from realrl.api.quickstart.memory_plan import check_fits, format_plan, plan_memory
     from realrl.apps.configs import build_config, register_everything
     from realrl.experiments.tasks import get_task
 

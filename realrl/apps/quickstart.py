@@ -103,8 +103,8 @@ def searched(command: Command) -> Command:
     (``realrl.apps.search``; profiling runs first where its cache lacks them)."""
     if command.config.allocation_mode.strip() != "search":
         return command
-    from realrl.apps.search import n_workers, search_plan
-    from realrl.system.plan_search import NoFeasiblePlan
+    from realrl.apps.plan_search.choose import n_workers, search_plan
+    from realrl.apps.plan_search.search import NoFeasiblePlan
 
     try:
         found = search_plan(command.name, command.config)

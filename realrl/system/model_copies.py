@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from realrl.api.core import data_api, model_api
 from realrl.api.core.lora import lora_of
+from realrl.api.core.model_size import model_config
 from realrl.api.core.system_api import ModelShardSpec, copy_name
-from realrl.api.quickstart.memory_plan import model_config
 from realrl.impl.model.backend.config import EngineConfig, coerce
 from realrl.impl.model.backend.engine import InferenceEngine
 from realrl.impl.model.comm.realloc import (

@@ -11,8 +11,8 @@ import pytest
 
 from realrl.api.core.lora import LoRAConfig, adapter_param_count
 from realrl.api.core.model_api import ReaLModelConfig
-from realrl.api.quickstart.memory_plan import _config_from_folder, _mlp_token_bytes
-from realrl.api.quickstart.param_count import count_params
+from realrl.api.core.model_size import _config_from_folder, count_params
+from realrl.api.quickstart.memory_plan import _mlp_token_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # hidden 8, 4 q / 2 kv heads of dim 2, vocab 32, 2 layers; 4 experts of inner size 6, top-2
@@ -128,7 +128,7 @@ def test_lora_counts_every_experts_adapters():
 
 
 def test_paper_costs_compute_with_active_and_move_the_total():
-    from realrl.system.paper_costs import _Model
+    from realrl.apps.plan_search.paper_costs import _Model
 
     cfg = _config_from_folder(os.path.join(REPO, "examples", "configs", "qwen3-30b-a3b"))
     c, m = count_params(cfg), _Model.of(cfg)

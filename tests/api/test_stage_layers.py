@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from realrl.api.core.model_api import ReaLModelConfig
-from realrl.api.quickstart.param_count import block_params, count_params, stage_layers
+from realrl.api.core.model_size import block_params, count_params, stage_layers
 
 LLAMA_LIKE = dict(n_layers=8, n_q_heads=4, n_kv_heads=2, hidden_dim=16, intermediate_dim=32, vocab_size=512)
 

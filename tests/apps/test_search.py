@@ -14,7 +14,8 @@ import pytest
 
 from realrl.api.core.layout import Layout
 from realrl.apps.configs import build_config, register_everything
-from realrl.apps.profiles import Shape, drift, load, profile
+from realrl.apps.plan_search.cost_table import Shape, load
+from realrl.apps.plan_search.profiles import drift, profile
 from realrl.apps.run import plan_phases, run_quickstart
 
 TINY = ["exp_ctrl.total_train_steps=3", "dataset.train_bs_n_seqs=8"]
@@ -68,9 +69,9 @@ def test_the_profile_is_measured_once_and_a_missing_layout_alone_is_run(tmp_path
 def test_the_best_plan_of_each_kind_within_the_simulator_s_error_runs_too():
     """A fitted contention can rank every overlapping plan below a row of sequential ones; the
     best overlapping plan still runs when predicted within 15 % of the best (and vice versa)."""
-    from realrl.apps.search import to_verify
-    from realrl.system.plan_search import Candidate
-    from realrl.system.simulator import Simulation
+    from realrl.apps.plan_search.choose import to_verify
+    from realrl.apps.plan_search.search import Candidate
+    from realrl.apps.plan_search.simulator import Simulation
 
     def plan(mode: str, seconds: float, overlap: float) -> Candidate:
         return Candidate(mode, Simulation(seconds, {"train": seconds}, 0.0, {}, overlap), None)
@@ -141,9 +142,9 @@ def test_the_contention_is_the_one_that_replays_the_measured_overlapping_plan(tm
     in which nothing overlaps cannot tell, and says so."""
     import dataclasses
 
-    from realrl.api.quickstart.plan_space import with_allocation
-    from realrl.apps.profiles import calibrate_contention, load
-    from realrl.system.simulator import simulate
+    from realrl.apps.plan_search.profiles import calibrate_contention
+    from realrl.apps.plan_search.simulator import simulate
+    from realrl.apps.plan_search.space import with_allocation
 
     register_everything()
     cfg = build_config("ppo", [f"fileroot={tmp_path}", *TINY])
@@ -163,9 +164,9 @@ def test_the_contention_is_the_one_that_replays_the_measured_overlapping_plan(tm
 def test_the_plan_chosen_is_the_fastest_of_the_best_predicted_run_briefly(tmp_path):
     """The search's top predictions run briefly (once: the seconds are cached) and the fastest
     measured is the plan to run, whatever the prediction said."""
-    from realrl.apps.profiles import measure_plans
-    from realrl.apps.search import PlanSearch
-    from realrl.system.plan_search import search
+    from realrl.apps.plan_search.choose import PlanSearch
+    from realrl.apps.plan_search.profiles import measure_plans
+    from realrl.apps.plan_search.search import search
 
     cfg, exp = _sft(tmp_path, "dataset.train_bs_n_seqs=8")
     table, path, _ = profile("sft", cfg, exp, [Layout(), Layout(2)], 2, _fake_run({"trainDefault": 0.05}, []))

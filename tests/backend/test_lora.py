@@ -198,7 +198,8 @@ def test_a_lora_actor_is_its_own_reference_unless_told_otherwise(tmp_path):
 
 
 def test_the_memory_plan_holds_optimizer_state_for_adapters_only(tmp_path):
-    from realrl.api.quickstart.memory_plan import model_configs, plan_memory
+    from realrl.api.core.model_size import model_configs
+    from realrl.api.quickstart.memory_plan import plan_memory
     from realrl.experiments.common import task_model_config
 
     register_everything()

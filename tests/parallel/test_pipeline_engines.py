@@ -28,7 +28,7 @@ from realrl.api.core.config import ModelName
 from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.model_api import GenerationHyperparameters
-from realrl.api.quickstart.param_count import stage_layers
+from realrl.api.core.model_size import stage_layers
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.train_engine import TrainEngine
 from realrl.impl.model.nn.factory import make_real_model

@@ -11,11 +11,11 @@ import os
 import pytest
 
 from realrl.api.core.layout import Layout
+from realrl.api.core.model_size import model_configs, param_counts
 from realrl.api.core.system_api import ExperimentConfig
-from realrl.api.quickstart.memory_plan import model_configs, param_counts
-from realrl.api.quickstart.plan_space import call_options, with_allocation
-from realrl.system.paper_costs import HARDWARE, Hardware, paper_costs
-from realrl.system.simulator import Costs, simulate
+from realrl.apps.plan_search.paper_costs import HARDWARE, Hardware, paper_costs
+from realrl.apps.plan_search.simulator import Costs, simulate
+from realrl.apps.plan_search.space import call_options, with_allocation
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H100 = HARDWARE["h100"]

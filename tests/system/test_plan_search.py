@@ -8,9 +8,9 @@ import pytest
 from system_graphs import mock_config
 
 from realrl.api.core.layout import Layout, Placement
-from realrl.api.quickstart.plan_space import Plan, call_options, layouts_up_to, with_allocation
-from realrl.system.plan_search import NoFeasiblePlan, search
-from realrl.system.simulator import Costs
+from realrl.apps.plan_search.search import NoFeasiblePlan, search
+from realrl.apps.plan_search.simulator import Costs
+from realrl.apps.plan_search.space import Plan, call_options, layouts_up_to, with_allocation
 
 # gen -> values -> reward -> {actor_train, critic_train}; two data-parallel ranks gain nothing,
 # tensor parallelism doubles every call: the best is the critic's calls on a worker of their own

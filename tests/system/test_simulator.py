@@ -12,7 +12,7 @@ from system_graphs import mock_config
 
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.system_api import AsyncRL
-from realrl.system.simulator import Costs, MissingCost, simulate
+from realrl.apps.plan_search.simulator import Costs, MissingCost, simulate
 
 # gen -> values -> reward -> {actor_train, critic_train}, seconds per call on one worker
 SECONDS = {"gen": 4.0, "values": 1.0, "reward": 1.0, "actor_train": 3.0, "critic_train": 2.0}

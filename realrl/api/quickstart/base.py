@@ -35,7 +35,7 @@ class PlanSearchOptions:
     # where call costs come from: "profile" (short runs on this machine, cached) or "paper" (FLOPs
     # and bytes on `hardware`: plans for a cluster this machine is not)
     costs: str = "profile"
-    hardware: str = "h100"  # costs=paper: the device kind (realrl/system/paper_costs.py)
+    hardware: str = "h100"  # costs=paper: the device kind (realrl/apps/plan_search/paper_costs.py)
     interpolate: bool = True  # a new batch shape: interpolate from two measured ones within reach
     contention: bool = True  # measure how workers computing side by side slow each other (1 run)
     compare: list[str] = dataclasses.field(default_factory=list)  # allocation_modes scored beside

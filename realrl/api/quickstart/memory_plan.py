@@ -10,7 +10,7 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
   stage's workers, with its blocks (the runtime's balanced split), the embedding on the first and
   the norm and head on the last; training keeps up to ``p - k`` micro-batches' activations on
   stage k (1F1B), generation every micro-batch's KV cache at once (they take turns).
-- Mixture of Experts (``param_count.py``): every expert is held (split by tp like the MLP, or
+- Mixture of Experts (``api/core/model_size.py``): every expert is held (split by tp like the MLP, or
   placed whole with ``engine.expert_parallel``); activations follow a token's top-k experts.
 - ``engine.fsdp`` shards weights, gradients and optimizer state over dp; a call gathers one block
   and the root unit (embedding, final norm, head), a generate call every unit (``parallel/fsdp.py``).
@@ -29,9 +29,7 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -40,8 +38,8 @@ from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.layout_fit import check_pipeline, check_tensor_parallel
 from realrl.api.core.lora import adapter_param_count, lora_of
 from realrl.api.core.model_api import ReaLModelConfig
-from realrl.api.core.system_api import ExperimentConfig, ModelSpec
-from realrl.api.quickstart.param_count import count_params, stage_layers
+from realrl.api.core.model_size import count_params, param_counts, stage_layers
+from realrl.api.core.system_api import ExperimentConfig
 
 GiB = 1024**3
 GEN, INF, TRAIN = ModelInterfaceType.GENERATE, ModelInterfaceType.INFERENCE, ModelInterfaceType.TRAIN_STEP
@@ -126,48 +124,6 @@ def _holder(tree: Any, key: str) -> Mapping:
         return tree
     values = tree.values() if isinstance(tree, Mapping) else tree if isinstance(tree, list | tuple) else ()
     return next((h for v in values if (h := _holder(v, key))), {})
-
-
-def model_config(spec: ModelSpec, fallback: Mapping[str, Any] | None = None) -> ReaLModelConfig | None:
-    """A role's architecture from ``config=`` or ``path/config.json`` (``fallback`` fields when that
-    folder does not exist yet, e.g. a toy checkpoint not trained yet); None for a "null" model."""
-    if spec.model.type_ == "null":
-        return None
-    if spec.model.type_ != "real_model":
-        raise ValueError(f"cannot plan model type {spec.model.type_!r} (only 'real_model' and 'null')")
-    args = spec.model.args
-    cfg = args.get("config")
-    if cfg is None:
-        path = str(args.get("path"))
-        has_file = os.path.isfile(os.path.join(path, "config.json"))
-        cfg = fallback if fallback is not None and not has_file else _config_from_folder(path)
-    cfg = ReaLModelConfig(**cfg) if isinstance(cfg, Mapping) else cfg
-    return dataclasses.replace(cfg, is_critic=bool(args.get("is_critic", False)))
-
-
-def _config_from_folder(path: str) -> ReaLModelConfig:
-    """As ``hf_io.load_pretrained`` reads it (config.json only, by its family: no weights, no
-    transformers)."""
-    file = os.path.join(path, "config.json")
-    if not os.path.isfile(file):
-        raise ValueError(f"model path {path!r} has no config.json (a Hugging Face model folder is needed)")
-    import realrl.api.from_hf  # noqa: F401  (registers the families)
-    from realrl.api.core.model_api import hf_family_for_model_type
-
-    with open(file) as f:
-        raw = json.load(f)
-    return hf_family_for_model_type(raw.get("model_type", "")).config_from_hf(raw)
-
-
-def param_counts(
-    cfg: ReaLModelConfig, tp: int, pp: int = 1, expert_parallel: bool = False, stage: int | None = None
-) -> tuple[int, int]:
-    """(parameters per device, parameters of the largest layer) under tensor / pipeline (/ expert)
-    parallelism, of pipeline stage ``stage`` (default: the fullest); ``param_count.count_params``
-    has the active count too."""
-    check_tensor_parallel(cfg, tp, "tensor parallelism", expert_parallel)
-    counts = count_params(cfg, tp, pp, expert_parallel, stage)
-    return counts.total, counts.layer
 
 
 def expert_parallel_of(econf: Mapping[str, Any]) -> bool:
@@ -383,10 +339,6 @@ def _experts(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | None
             exp.placement(role).layout.tp,
         )
     return out
-
-
-def model_configs(exp: ExperimentConfig, fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return {role: model_config(spec, fallback) for role, spec in exp.models.items()}
 
 
 def _count(n: int) -> str:

@@ -1,7 +1,7 @@
 """Pipeline parallelism: a ReaLModel cut into stages, and the schedules that run packed
 micro-batches through them.
 
-A stage holds a contiguous run of blocks (``param_count.stage_layers``: the split whose fullest
+A stage holds a contiguous run of blocks (``model_size.stage_layers``: the split whose fullest
 stage holds the fewest parameters), the embedding on the first stage, the final norm and the head
 on the last. Activations travel between neighbouring stages over the pipeline group as one
 ``[tokens, hidden]`` tensor per micro-batch. Nothing is padded: every stage holds the same
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from realrl.api.core.data_api import SequenceSample
-from realrl.api.quickstart.param_count import stage_layers
+from realrl.api.core.model_size import stage_layers
 from realrl.impl.model.modules.attention import PackedMeta, activation_dtype, resolve_attn_impl
 from realrl.impl.model.modules.kv_cache import PackedContext
 from realrl.impl.model.nn.moe_stats import RouterLog, attach_router_stats

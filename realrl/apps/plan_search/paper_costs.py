@@ -4,7 +4,7 @@ Each call's seconds in each layout follow from its FLOPs and the bytes it moves,
 figures for the device (``Hardware``) and assumed efficiencies. ``P`` is a role's parameters in
 matmuls (every layer and the LM / critic head; the embedding lookup is no matmul), of a
 Mixture-of-Experts model those a token runs through (attention, router, its top-k experts, the
-shared expert: ``param_count.count_params``'s active count), while the bytes of weights read,
+shared expert: ``model_size.count_params``'s active count), while the bytes of weights read,
 gathered, reduced and moved are those of every expert (the total), ``T`` the
 tokens of the call's batch: ``n_seqs x answers x (prompt_len + new_tokens)``, every sequence at
 full length (the memory plan's ``batch_shape``). Compute is spread over ``dp x tp`` devices at
@@ -61,11 +61,11 @@ from typing import Any
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout
 from realrl.api.core.model_api import ReaLModelConfig
+from realrl.api.core.model_size import count_params, param_counts
 from realrl.api.core.system_api import ExperimentConfig
-from realrl.api.quickstart.memory_plan import batch_shape, param_counts
-from realrl.api.quickstart.param_count import count_params
-from realrl.api.quickstart.plan_space import call_options
-from realrl.system.simulator import Costs
+from realrl.api.quickstart.memory_plan import batch_shape
+from realrl.apps.plan_search.simulator import Costs
+from realrl.apps.plan_search.space import call_options
 
 BF16, FP32 = 2, 4
 

@@ -1,10 +1,14 @@
-"""Parameters of a ReaLModel on one device, dense or Mixture of Experts: what it holds and what one
-token runs through.
+"""A model's size without its weights: its architecture read from ``config=`` or a folder's
+``config.json`` (``model_config``), the parameters of a ReaLModel on one device, dense or Mixture of
+Experts (what it holds and what one token runs through), and the runtime's cut of its blocks into
+pipeline stages (``stage_layers``). The runtime (``system/model_copies.py``,
+``impl/model/parallel/pipeline.py``) and the planners (the memory plan, the plan search) all read
+them here.
 
-Pure arithmetic on a ``ReaLModelConfig`` (nothing is built). The memory plan multiplies the held
-count by bytes; the paper costs take FLOPs from the active one ("Switch Transformers: Scaling to
-Trillion Parameter Models with Simple and Efficient Sparsity", Fedus et al.: a sparse model's
-compute per token follows the experts a token visits, its memory every expert).
+Pure arithmetic on a ``ReaLModelConfig`` (nothing is built, no torch). The memory plan multiplies
+the held count by bytes; the paper costs take FLOPs from the active one ("Switch Transformers:
+Scaling to Trillion Parameter Models with Simple and Efficient Sparsity", Fedus et al.: a sparse
+model's compute per token follows the experts a token visits, its memory every expert).
 
 Per block, as ``impl/model/parallel/tensor_parallel.py`` splits the dense model: q, k, v, gate and
 up column-wise, o and down row-wise, norms whole. A sparse block (``cfg.is_moe_layer``) holds a
@@ -22,9 +26,17 @@ ranks (k / tp experts).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from realrl.api.core.layout_fit import check_tensor_parallel
 from realrl.api.core.model_api import ReaLModelConfig
+
+if TYPE_CHECKING:
+    from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,3 +174,50 @@ def count_params(
         layer=max((held for held, _ in blocks), default=0),
         root=extras[s],
     )
+
+
+def param_counts(
+    cfg: ReaLModelConfig, tp: int, pp: int = 1, expert_parallel: bool = False, stage: int | None = None
+) -> tuple[int, int]:
+    """(parameters per device, parameters of the largest layer) under tensor / pipeline (/ expert)
+    parallelism, of pipeline stage ``stage`` (default: the fullest); ``count_params`` has the
+    active count too."""
+    check_tensor_parallel(cfg, tp, "tensor parallelism", expert_parallel)
+    counts = count_params(cfg, tp, pp, expert_parallel, stage)
+    return counts.total, counts.layer
+
+
+def model_config(spec: ModelSpec, fallback: Mapping[str, Any] | None = None) -> ReaLModelConfig | None:
+    """A role's architecture from ``config=`` or ``path/config.json`` (``fallback`` fields when that
+    folder does not exist yet, e.g. a toy checkpoint not trained yet); None for a "null" model."""
+    if spec.model.type_ == "null":
+        return None
+    if spec.model.type_ != "real_model":
+        raise ValueError(f"cannot plan model type {spec.model.type_!r} (only 'real_model' and 'null')")
+    args = spec.model.args
+    cfg = args.get("config")
+    if cfg is None:
+        path = str(args.get("path"))
+        has_file = os.path.isfile(os.path.join(path, "config.json"))
+        cfg = fallback if fallback is not None and not has_file else _config_from_folder(path)
+    cfg = ReaLModelConfig(**cfg) if isinstance(cfg, Mapping) else cfg
+    return dataclasses.replace(cfg, is_critic=bool(args.get("is_critic", False)))
+
+
+def _config_from_folder(path: str) -> ReaLModelConfig:
+    """As ``hf_io.load_pretrained`` reads it (config.json only, by its family: no weights, no
+    transformers)."""
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise ValueError(f"model path {path!r} has no config.json (a Hugging Face model folder is needed)")
+    import realrl.api.from_hf  # noqa: F401  (registers the families)
+    from realrl.api.core.hf_family import hf_family_for_model_type
+
+    with open(file) as f:
+        raw = json.load(f)
+    return hf_family_for_model_type(raw.get("model_type", "")).config_from_hf(raw)
+
+
+def model_configs(exp: ExperimentConfig, fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every role's ``model_config``."""
+    return {role: model_config(spec, fallback) for role, spec in exp.models.items()}

@@ -29,7 +29,7 @@ from realrl.api.core.dfg import MFCDef
 from realrl.api.core.layout import Placement
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.system.copies import CopyTracker
-from realrl.system.function_call import TagCounter
+from realrl.system.transfer_plan import TagCounter
 from realrl.system.version_rule import VersionRule
 
 

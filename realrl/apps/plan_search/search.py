@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from realrl.api.core.dfg import MFCDef
 from realrl.api.core.layout import Placement
 from realrl.api.core.system_api import ExperimentConfig
-from realrl.api.quickstart.plan_space import Plan, call_options, with_allocation
-from realrl.system.simulator import Costs, MissingCost, Simulation, simulate
+from realrl.apps.plan_search.simulator import Costs, MissingCost, Simulation, simulate
+from realrl.apps.plan_search.space import Plan, call_options, with_allocation
 
 
 @dataclasses.dataclass
