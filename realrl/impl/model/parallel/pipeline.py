@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -232,6 +232,17 @@ class PipelineStage(nn.Module):
 Message = tuple[tuple[int, ...], torch.dtype]  # what a receive expects: shape and dtype
 
 
+class PointToPoint(Protocol):
+    """The point-to-point calls the schedules post: ``torch.distributed``'s own by default, or a
+    stand-in with the same signatures (a test's, holding gloo to NCCL's rules)."""
+
+    def isend(self, tensor: torch.Tensor, dst: int, group: Any = None, tag: int = 0) -> Any: ...
+
+    def recv(self, tensor: torch.Tensor, src: int, group: Any = None, tag: int = 0) -> Any: ...
+
+    def batch_isend_irecv(self, p2p_op_list: list[dist.P2POp]) -> list[Any]: ...
+
+
 @dataclasses.dataclass
 class StageLinks:
     """Point-to-point exchanges with the neighbouring stages over the pipeline group."""
@@ -244,6 +255,7 @@ class StageLinks:
     # the global rank of every stage, in stage order (None: the group's own rank order, which
     # torch sorts: a layout may place its stages on workers in any order)
     stage_ranks: tuple[int, ...] | None = None
+    p2p: PointToPoint = dist  # the calls that move the messages
 
     def peer(self, stage: int) -> int:
         """The global rank of stage ``stage``."""
@@ -272,7 +284,7 @@ class StageLinks:
             ops.append(dist.P2POp(dist.irecv, buf, self._peer(offset), self.group))
             out.append(buf)
         if ops:
-            for work in dist.batch_isend_irecv(ops):
+            for work in self.p2p.batch_isend_irecv(ops):
                 work.wait()
         return out
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.distributed as dist
 
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
 from realrl.impl.model.kernels import DecodeWeights
@@ -102,11 +101,11 @@ def generate_pipelined(
     def send(tensor: torch.Tensor, stage_index: int) -> None:
         peer = links.peer(stage_index)
         tensor = tensor.contiguous()
-        sends.append((dist.isend(tensor, peer, group=links.group), tensor))
+        sends.append((links.p2p.isend(tensor, peer, group=links.group), tensor))
 
     def receive(shape: tuple, dtype: torch.dtype, stage_index: int) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(buf, links.peer(stage_index), group=links.group)
+        links.p2p.recv(buf, links.peer(stage_index), group=links.group)
         return buf
 
     def drop_ended(d: _Decoding, tokens: torch.Tensor) -> None:
