@@ -12,7 +12,12 @@ responses end at varied lengths, as in RLHF (both sides use the same EOS set).
 
     python benchmarks/bench_generate.py [--max-new 64] [--eos-ids 1]
     python benchmarks/bench_generate.py --device cuda --size 1b --n-seqs 64 --max-new 256 --hf-static
+    python benchmarks/bench_generate.py --device cuda --size 1b --decoding cuda_graph --torch-kernels --kernel-shares
     python benchmarks/bench_generate.py --smoke   # a ~0.2M-parameter model, 4 prompts, 8 tokens: seconds
+
+``--torch-kernels`` times each mode again with every kernel off (the torch code); ``--kernel-shares``
+with one kernel off at a time: "ratio realrl M / realrl M torch rms_norm" is the RMSNorm kernel's
+share, "... torch decode_attention" the decoding attention's.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from bench_forward import SIZES, SMOKE_MODEL, add_model_args, build_models, make
 
 from realrl.api.core.model_api import GenerationHyperparameters
 from realrl.impl.model import kernels
+from realrl.impl.model.kernels.dispatch import KERNELS, TRITON_OPS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,7 +55,14 @@ def main(argv: list[str] | None = None) -> None:
         "--torch-kernels",
         action="store_true",
         help="also each realrl mode with its own kernels off (kernels.torch_only: the torch expressions "
-        "instead of the Triton RMSNorm on CUDA, the C kernels on a CPU)",
+        "instead of the Triton RMSNorm and decoding attention on CUDA, the C kernels on a CPU)",
+    )
+    ap.add_argument(
+        "--kernel-shares",
+        action="store_true",
+        help="also each realrl mode with one kernel off at a time (kernels.torch_only(op): on CUDA "
+        "the Triton RMSNorm, then the Triton decoding attention; on a CPU each C kernel), so that "
+        "each kernel's share of the speed is its own ratio",
     )
     ap.add_argument(
         "--bandwidth-gib",
@@ -74,12 +87,14 @@ def main(argv: list[str] | None = None) -> None:
     pids, pmask = (t.to(args.device) for t in pad_left(prompts))
     plens = [len(p) for p in prompts]
 
-    def realrl_runner(mode: str, own_kernels: bool = True):
+    def realrl_runner(mode: str, torch_ops: tuple[str, ...] | None = None):
+        """``torch_ops``: the kernels to turn off (``kernels.torch_only``; empty: all of them)."""
+
         def run(max_new: int = args.max_new) -> list[int]:
             g = GenerationHyperparameters(
                 max_new_tokens=max_new, temperature=1.0, top_k=0, top_p=1.0, decoding=mode
             )
-            with contextlib.nullcontext() if own_kernels else kernels.torch_only():
+            with contextlib.nullcontext() if torch_ops is None else kernels.torch_only(*torch_ops):
                 out = ours.generate(ids, cu, g, eos_token_id=eos)
             return [s - p for s, p in zip(out.seqlens, out.prompt_lens)]
 
@@ -111,8 +126,14 @@ def main(argv: list[str] | None = None) -> None:
         return run
 
     runners = {f"realrl {mode}": realrl_runner(mode) for mode in decodings}
-    if args.torch_kernels:
-        runners.update({f"realrl {mode} torch kernels": realrl_runner(mode, False) for mode in decodings})
+    without: dict[str, str] = {}  # a run with kernels off -> the same mode's run with them on
+    ablations = [("kernels", ())] if args.torch_kernels else []
+    if args.kernel_shares:
+        ablations += [(op, (op,)) for op in (TRITON_OPS if on_cuda else tuple(KERNELS))]
+    for mode in decodings:
+        for label, ops in ablations:
+            runners[f"realrl {mode} torch {label}"] = realrl_runner(mode, ops)
+            without[f"realrl {mode} torch {label}"] = f"realrl {mode}"
     runners["transformers generate"] = hf_runner()
     if args.hf_static:
         runners["transformers static cache"] = hf_runner(cache_implementation="static")
@@ -153,31 +174,35 @@ def main(argv: list[str] | None = None) -> None:
         + f", attention {ours.attn_impl}; weights {weights / 2**30:.2f} GiB, measured bandwidth "
         f"{bandwidth / 1e9:.0f} GB/s"
     )
+    width = max(28, *(len(name) for name in [*runners, *skipped]))  # the names' column
     print(
-        f"{'':28s} {'wall tokens/s':>14s} {'CPU-time tokens/s':>18s} {'new tokens/run':>15s} "
+        f"{'':{width}s} {'wall tokens/s':>14s} {'CPU-time tokens/s':>18s} {'new tokens/run':>15s} "
         f"{'roofline tokens/s':>18s} {'of roofline':>12s}"
     )
     for name in runners:
         roof = roofline_tokens_per_s(plens, lens_of[name], weights, kv, bandwidth)
         print(
-            f"{name:28s} {best[name][0]:14.0f} {best[name][1]:18.0f} {sum(lens_of[name]):15d} "
+            f"{name:{width}s} {best[name][0]:14.0f} {best[name][1]:18.0f} {sum(lens_of[name]):15d} "
             f"{roof:18.0f} {best[name][0] / roof:11.1%}"
         )
     for name, why in skipped.items():
-        print(f"{name:28s} did not run: {why}")
+        print(f"{name:{width}s} did not run: {why}")
     base = "transformers generate"
     for name in runners:
         if name != base:
-            print(f"{'ratio ' + name + ' / ' + base:60s} {best[name][0] / best[base][0]:6.2f}x wall")
-    for name in runners:
-        if name.endswith(" torch kernels"):
-            own = name.removesuffix(" torch kernels")
-            print(f"{'ratio ' + own + ' / ' + name:60s} {best[own][0] / best[name][0]:6.2f}x wall")
+            print(
+                f"{'ratio ' + name + ' / ' + base:{2 * width + 10}s} {best[name][0] / best[base][0]:6.2f}x wall"
+            )
+    for name, own in without.items():
+        if name in runners and own in runners:
+            print(
+                f"{'ratio ' + own + ' / ' + name:{2 * width + 10}s} {best[own][0] / best[name][0]:6.2f}x wall"
+            )
     if "realrl eager" in runners:
         for name in runners:
-            if name.startswith("realrl") and name != "realrl eager" and not name.endswith(" torch kernels"):
+            if name.startswith("realrl") and name != "realrl eager" and name not in without:
                 print(
-                    f"{'ratio ' + name + ' / realrl eager':60s} {best[name][0] / best['realrl eager'][0]:6.2f}x wall"
+                    f"{'ratio ' + name + ' / realrl eager':{2 * width + 10}s} {best[name][0] / best['realrl eager'][0]:6.2f}x wall"
                 )
 
 

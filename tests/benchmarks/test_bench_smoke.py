@@ -79,7 +79,7 @@ def test_bench_forward(tmp_path):
 
 
 def test_bench_generate(tmp_path):
-    out = run_bench("bench_generate.py", tmp_path, "--device", "cpu", "--torch-kernels")
+    out = run_bench("bench_generate.py", tmp_path, "--device", "cpu", "--torch-kernels", "--kernel-shares")
     f = parse_bench_generate(out, "realrl eager")
     assert not [k for k in f if k.endswith("_error")], f  # every side ran
     assert f["realrl_eager_tok_s"] > 0 and f["realrl_static_tok_s"] > 0, f
@@ -87,6 +87,8 @@ def test_bench_generate(tmp_path):
     assert f["bandwidth_gb_s"] > 0, f
     figures(rf"^ratio realrl static / realrl eager\s+({NUMBER})x wall$", out)
     figures(rf"^ratio realrl eager / realrl eager torch kernels\s+({NUMBER})x wall$", out)  # the kernels' A/B
+    for op in ("rms_norm", "decode_attention"):  # and each kernel's own share
+        figures(rf"^ratio realrl eager / realrl eager torch {op}\s+({NUMBER})x wall$", out)
 
 
 def test_bench_train(tmp_path):
