@@ -40,6 +40,7 @@ from realrl.impl.model.backend.config import EngineConfig
 from realrl.impl.model.backend.generation_session import GenerationSession, concat_generation_outputs
 from realrl.impl.model.backend.pipeline_engine import PipelineRun
 from realrl.impl.model.nn.sampling import derive_keys, random_keys
+from realrl.impl.model.parallel.fsdp import gathered, is_fsdp, settle_root
 from realrl.impl.model.parallel.mesh import ParallelContext
 
 INPUT_KEY = "packed_input_ids"
@@ -117,12 +118,22 @@ class InferenceEngine:
         self.dtype = self.config.resolve_dtype(self.device)
         if self.config.disable_dropout:
             disable_dropout(module)
+        self._place(module)
+        self.pipeline = PipelineRun.of(module, parallel, self.device)
+
+    def _place(self, module: torch.nn.Module) -> None:
+        """The module on the engine's device and in its dtype (a train engine's stays fp32), then,
+        when FSDP shards it, made FSDP2's root: FSDP2 gathers every unit, for good, in the dtype the
+        module has at its first forward (an fp32 gather of a bf16 engine would double the gathered
+        weights' memory and hand the next pipeline stage fp32 activations). An offloaded module
+        goes back to host memory last."""
         module.to(self.device)
         if self.casts_module:
             module.to(self.dtype)
-        if offload:
+        if is_fsdp(module):
+            settle_root(module)
+        if self.offload:
             module.to("cpu")
-        self.pipeline = PipelineRun.of(module, parallel, self.device)
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -348,8 +359,6 @@ class InferenceEngine:
         per token and reads the embedding and head outside ``forward``); else nothing to do."""
         if not self.fsdp:
             return contextlib.nullcontext()
-        from realrl.impl.model.parallel.fsdp import gathered
-
         return gathered(self.module)
 
     def save_pretrained(self, path: str) -> None:

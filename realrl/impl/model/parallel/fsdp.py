@@ -30,8 +30,9 @@ def is_fsdp(model: nn.Module) -> bool:
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     """Shard ``model`` (on its device, whole on every rank) over ``dp_mesh`` in place.
 
-    FSDP2 settles which unit is the root at the first forward it sees; generation calls the blocks
-    without the root's forward, so one token goes through the whole model here (a collective).
+    Nothing runs through it here: FSDP2 fixes the dtype it gathers and computes every unit in at
+    the first forward through the root (its lazy initialisation), so the engine first casts the
+    module to its own dtype, then calls ``settle_root``.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -40,15 +41,24 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     for _, layer in numbered_blocks(model):
         fully_shard(layer, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
+
+
+def settle_root(model: nn.Module) -> None:
+    """One token through ``model``, an FSDP2 root (a collective over its dp ranks), in the dtype
+    it has now. FSDP2 settles which unit is the root, and the dtype it gathers weights in, at the
+    first forward it sees; generation calls the blocks without the root's forward, so the engine
+    runs this once the module is on its device and in its dtype. The root keeps its weights
+    gathered after a forward; they are sharded again after this one."""
     if hasattr(model, "dry_run"):  # a pipeline stage: its own first forward
         model.dry_run()
-        return
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        model(
-            torch.zeros(1, dtype=torch.long, device=device),
-            torch.tensor([0, 1], dtype=torch.int32, device=device),
-        )
+    else:
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            model(
+                torch.zeros(1, dtype=torch.long, device=device),
+                torch.tensor([0, 1], dtype=torch.int32, device=device),
+            )
+    model.reshard()
 
 
 def sum_gradients(model: nn.Module) -> None:
