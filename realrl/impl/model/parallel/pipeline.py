@@ -233,12 +233,9 @@ Message = tuple[tuple[int, ...], torch.dtype]  # what a receive expects: shape a
 
 
 class PointToPoint(Protocol):
-    """The point-to-point calls the schedules post: ``torch.distributed``'s own by default, or a
-    stand-in with the same signatures (a test's, holding gloo to NCCL's rules)."""
-
-    def isend(self, tensor: torch.Tensor, dst: int, group: Any = None, tag: int = 0) -> Any: ...
-
-    def recv(self, tensor: torch.Tensor, src: int, group: Any = None, tag: int = 0) -> Any: ...
+    """The point-to-point call the schedules post their messages with: ``torch.distributed``'s
+    own by default, or a stand-in with the same signature (a test's, holding gloo to NCCL's
+    rules)."""
 
     def batch_isend_irecv(self, p2p_op_list: list[dist.P2POp]) -> list[Any]: ...
 

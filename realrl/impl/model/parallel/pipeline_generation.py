@@ -6,11 +6,19 @@ runs its blocks and sends the hidden states on, and the last stage samples the n
 It sends those tokens to every other stage: the first embeds them at the micro-batch's next step,
 and every stage drops the rows that just ended (EOS, or the token limit) from its cache.
 
-Micro-batches take turns: while the last stage samples micro-batch i, the first already runs
-micro-batch i + 1, so with at least as many micro-batches as stages no stage waits for a token.
-Every stage walks the micro-batches in the same order and knows how many rows each still has (it
-sees the same tokens), so each receive is posted with the exact shape that arrives. Sends are
-asynchronous: a stage never waits for a peer to take what it sent before going on.
+Micro-batches take turns on a clock every stage keeps alike. With ``m`` micro-batches over ``p``
+stages and a period of ``max(m, p)`` ticks, stage ``s`` runs step ``k`` of micro-batch ``i`` at
+tick ``k * period + i + s``: while the last stage samples micro-batch i, the first already runs
+micro-batch i + 1, and a micro-batch's tokens reach every stage by the tick its next step starts
+there. Every stage knows every micro-batch's step and rows (it sees the same tokens), so it knows
+what each stage does at each tick, and each receive is posted with the exact shape that arrives.
+
+Each tick a stage posts one batch of messages: what it computed at the previous tick (activations
+to the next stage; on the last, the tokens to every other stage) and the receives of this tick
+(its input activations, the tokens the last stage sampled at the previous tick). Every message is
+sent and received in the same tick's batches on both sides, so no send waits on a receive its
+peer posts later: the schedule does not rely on the transport buffering sends (NCCL runs a pair's
+operations in order and holds a send until its receive is posted).
 
 Sampling is the single-process generator's (``nn/generation.py``): the same per-answer keys and
 ``next_tokens``. Each answer's tokens therefore depend on its key only, not on the stages or on
@@ -29,7 +37,7 @@ from realrl.impl.model.modules.attention import PackedMeta, activation_dtype, re
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, PackedContext
 from realrl.impl.model.nn.generation import _assemble
 from realrl.impl.model.nn.sampling import answer_keys, eos_tensor, next_tokens
-from realrl.impl.model.parallel.pipeline import PipelineStage, StageLinks
+from realrl.impl.model.parallel.pipeline import Message, PipelineStage, StageLinks
 
 
 @dataclasses.dataclass
@@ -80,7 +88,6 @@ def generate_pipelined(
     wire = stage.dtype  # what the residual stream between stages is in (autocast keeps it fp32)
     impl = resolve_attn_impl(stage.requested_attn_impl, device.type, dtype)
     n_kv = stage.blocks_in_order[0].attn.n_kv
-    sends: list = []  # asynchronous sends in flight (their buffers kept alive until done)
     weights = DecodeWeights()  # decode-time projection weights, prepared once for every micro-batch
     decodings = []
     for p in micro_batches:
@@ -97,16 +104,6 @@ def generate_pipelined(
             d.out_logp = torch.zeros(n_answers, g.max_new_tokens, dtype=torch.float32, device=device)
             d.gen_lens = torch.full((n_answers,), g.max_new_tokens, dtype=torch.long, device=device)
         decodings.append(d)
-
-    def send(tensor: torch.Tensor, stage_index: int) -> None:
-        peer = links.peer(stage_index)
-        tensor = tensor.contiguous()
-        sends.append((links.p2p.isend(tensor, peer, group=links.group), tensor))
-
-    def receive(shape: tuple, dtype: torch.dtype, stage_index: int) -> torch.Tensor:
-        buf = torch.empty(shape, dtype=dtype, device=device)
-        links.p2p.recv(buf, links.peer(stage_index), group=links.group)
-        return buf
 
     def drop_ended(d: _Decoding, tokens: torch.Tensor) -> None:
         """After step ``d.step`` sampled ``tokens``: rows that ended leave (every stage alike)."""
@@ -130,58 +127,69 @@ def generate_pipelined(
         d.finished = keep.numel() == 0
         d.step += 1
 
-    def prefill(d: _Decoding) -> None:
+    def prefill(d: _Decoding, x: torch.Tensor | None) -> list[tuple[torch.Tensor, int]]:
+        """Step 0 (the prompts) of ``d`` on this stage, from the previous stage's activations
+        ``x`` (None on the first); what to send at the next tick."""
         p = d.prompts
         meta = PackedMeta.from_cu_seqlens(p.cu_seqlens, p.input_ids.shape[0])
         ctx = PackedContext(meta, impl)
         rows = torch.repeat_interleave(torch.arange(d.lens.numel(), device=device), d.lens)
         ctx.cache, ctx.cache_slots = d.cache, d.cache.slots(rows, meta.positions)
-        x = (
-            p.input_ids
-            if spec.first
-            else receive((p.input_ids.shape[0], cfg.hidden_dim), wire, spec.stage - 1)
-        )
-        x = stage.blocks(x, ctx)
+        x = stage.blocks(p.input_ids if spec.first else x, ctx)
         d.cache.repeat_interleave(g.n)
         d.lens = d.lens.repeat_interleave(g.n)
         if not spec.last:
-            send(x.to(wire), spec.stage + 1)
-            return
+            return [(x.to(wire), +1)]
         logits = stage.outputs(x[p.cu_seqlens[1:].long() - 1]).repeat_interleave(g.n, dim=0)
-        sample(d, logits)
+        return sample(d, logits)
 
-    def decode(d: _Decoding) -> None:
-        rows = d.live.numel()
+    def decode(d: _Decoding, x: torch.Tensor | None) -> list[tuple[torch.Tensor, int]]:
+        """Step ``d.step`` of ``d`` on this stage (``x`` as in ``prefill``)."""
         ctx = DecodeContext(d.cache, d.lens, int(d.lens.max()) + 1, weights, impl)
-        x = d.tokens if spec.first else receive((rows, cfg.hidden_dim), wire, spec.stage - 1)
-        x = stage.blocks(x, ctx)
+        x = stage.blocks(d.tokens if spec.first else x, ctx)
         d.lens = d.lens + 1  # the new token's slot is filled
         if not spec.last:
-            send(x.to(wire), spec.stage + 1)
-            return
-        sample(d, stage.outputs(x))
+            return [(x.to(wire), +1)]
+        return sample(d, stage.outputs(x))
 
-    def sample(d: _Decoding, logits: torch.Tensor) -> None:
+    def sample(d: _Decoding, logits: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
         tokens, logp = next_tokens(logits, g, eos, d.step, d.keys)
         d.out_tokens[d.live, d.step] = tokens
         d.out_logp[d.live, d.step] = logp
-        for other in range(spec.n_stages - 1):
-            send(tokens, other)
         drop_ended(d, tokens)
+        return [(tokens, other - spec.stage) for other in range(spec.n_stages - 1)]
 
-    for d in decodings:
-        prefill(d)
-    while not all(d.finished for d in decodings):
-        for d in decodings:
-            if d.finished:
-                continue
-            if not spec.last:  # the tokens the last stage sampled at this micro-batch's last step
-                drop_ended(d, receive((d.live.numel(),), torch.long, spec.n_stages - 1))
-                if d.finished:
-                    continue
-            decode(d)
-    for work, _ in sends:
-        work.wait()
+    period = max(len(decodings), spec.n_stages)
+
+    def due(stage_index: int, tick: int) -> _Decoding | None:
+        """The micro-batch whose next step stage ``stage_index`` runs at ``tick``, if any."""
+        i = (tick - stage_index) % period
+        if tick < stage_index or i >= len(decodings):
+            return None
+        d = decodings[i]
+        return d if not d.finished and tick == d.step * period + i + stage_index else None
+
+    def activations_in(d: _Decoding) -> Message:
+        rows = d.prompts.input_ids.shape[0] if d.step == 0 else d.live.numel()
+        return (rows, cfg.hidden_dim), wire
+
+    outbox: list[tuple[torch.Tensor, int]] = []  # what this stage computed at the previous tick
+    tick = 0
+    while outbox or not all(d.finished for d in decodings):
+        # a middle or last stage's input (its micro-batch's tokens arrived at an earlier tick)
+        mine = None if spec.first else due(spec.stage, tick)
+        receives = [] if mine is None else [(activations_in(mine), -1)]
+        sampled = None if spec.last else due(spec.n_stages - 1, tick - 1)
+        if sampled is not None:  # the tokens the last stage sampled at the previous tick
+            receives.append((((sampled.live.numel(),), torch.long), spec.n_stages - 1 - spec.stage))
+        got = links.exchange(outbox, receives)
+        if sampled is not None:
+            drop_ended(sampled, got.pop())
+        if spec.first:  # its micro-batch's tokens may have arrived just now
+            mine = due(spec.stage, tick)
+        x = got[0] if got else None
+        outbox = [] if mine is None else (prefill(mine, x) if mine.step == 0 else decode(mine, x))
+        tick += 1
     if not spec.last:
         return []
     return [
