@@ -82,7 +82,7 @@ def run(
         records = [json.loads(line) for line in f]
     exp = load_config(os.path.join(run_dir, SAVED_CONFIG))  # the answers each step trains on
     train = next(m for m in exp.mfcs if m.name == TRAIN_CALL)
-    per_step = train.n_seqs * train.interface_impl.args["ppo"]["gen"]["n"]
+    per_step = train.n_seqs * train.interface_impl.args["ppo"].gen.n
     first = len(records) // 3  # worker start-up and the first calls' warm-up left out
     times = [r["time"] for r in records]
     steady = (times[-1] - times[first]) / max(len(records) - 1 - first, 1) if len(records) > 1 else 0.0

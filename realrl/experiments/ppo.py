@@ -289,9 +289,7 @@ class PPOConfig(CommonExperimentConfig):
                         "eval",
                         "adv",
                         ModelInterfaceType.INFERENCE,
-                        ModelInterfaceAbstraction(
-                            "ppo_eval", {"ppo": dataclasses.asdict(hp), "scores": list(scores)}
-                        ),
+                        ModelInterfaceAbstraction("ppo_eval", {"ppo": hp, "scores": list(scores)}),
                         self.dataset.train_bs_n_seqs,
                         eval_inputs(scores),
                     )

@@ -47,14 +47,14 @@ class PPOInterfaces:
         """The registered PPO-family interfaces with options ``hp`` (``actor``: the actor's
         interface name; ``env``: its environment options, for multi-turn rollouts; ``scores``: the
         graph's scores, ``ppo_keys.score_keys``); the reward: a reward model unless given."""
-        ppo = {"ppo": dataclasses.asdict(hp)}
+        ppo = {"ppo": hp}
         greedy = dataclasses.replace(hp, gen=dataclasses.replace(hp.gen, greedy=True, n=1))
         return PPOInterfaces(
             actor=ModelInterfaceAbstraction(actor, {**ppo, **(env or {})}),
             reward=reward or ModelInterfaceAbstraction("paired_rw"),
             advantages=ModelInterfaceAbstraction("ppo_advantages", {**ppo, "scores": list(scores)}),
             critic=ModelInterfaceAbstraction("ppo_critic", ppo) if hp.uses_critic else None,
-            greedy_actor=ModelInterfaceAbstraction(actor, {"ppo": dataclasses.asdict(greedy), **(env or {})}),
+            greedy_actor=ModelInterfaceAbstraction(actor, {"ppo": greedy, **(env or {})}),
         )
 
 

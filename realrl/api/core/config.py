@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -79,6 +80,17 @@ class _Abstraction:
         if not isinstance(self.type_, str) or not self.type_:
             raise ValueError(f"{type(self).__name__}.type_ must be a registered name, got {self.type_!r}")
         self.args = dict(self.args)
+
+
+def setting_holder(args: Any, key: str) -> Mapping[str, Any]:
+    """The first mapping holding ``key`` in an abstraction's nested arguments (dicts, lists and the
+    typed hyperparameter dataclasses, e.g. ``ppo.gen.max_new_tokens``); {} if none."""
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        args = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    if isinstance(args, Mapping) and key in args:
+        return args
+    values = args.values() if isinstance(args, Mapping) else args if isinstance(args, list | tuple) else ()
+    return next((h for v in values if (h := setting_holder(v, key))), {})
 
 
 @dataclasses.dataclass

@@ -33,6 +33,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from realrl.api.core.config import setting_holder
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout, Placement
 from realrl.api.core.layout_fit import check_pipeline, check_tensor_parallel
@@ -117,15 +118,6 @@ class MemoryPlan:
     experts: dict[str, ExpertParams] = dataclasses.field(default_factory=dict)  # MoE roles only
 
 
-def _holder(tree: Any, key: str) -> Mapping:
-    """The first dict holding ``key`` in nested dicts and lists: interface args spell the generation
-    settings ``ppo.gen`` (PPO, GRPO) or ``gconfig`` (gen); {} if none."""
-    if isinstance(tree, Mapping) and key in tree:
-        return tree
-    values = tree.values() if isinstance(tree, Mapping) else tree if isinstance(tree, list | tuple) else ()
-    return next((h for v in values if (h := _holder(v, key))), {})
-
-
 def expert_parallel_of(econf: Mapping[str, Any]) -> bool:
     """``<role>.engine.expert_parallel`` (False where the engine has no such option)."""
     return bool(econf.get("expert_parallel"))
@@ -133,7 +125,7 @@ def expert_parallel_of(econf: Mapping[str, Any]) -> bool:
 
 def batch_shape(exp: ExperimentConfig) -> dict[str, int]:
     """Batch geometry the KV cache and activation estimates assume (every sequence at full length)."""
-    gen = _holder(
+    gen = setting_holder(
         [m.interface_impl.args for m in exp.mfcs if m.interface_type is GEN],
         "max_new_tokens",
     )
@@ -205,7 +197,7 @@ def _call_bytes(
         kv_cache = live * 2 * layers * (cfg.n_kv_heads // tp) * cfg.head_dim * b * seqs * seqlen
         return kv_cache, prompts * shape["prompt_len"] * layer_tok + seqs * logits_tok + b * params
     if mfc.interface_type is TRAIN:
-        minibatches = _holder(mfc.interface_impl.args, "ppo_n_minibatches").get("ppo_n_minibatches", 1)
+        minibatches = setting_holder(mfc.interface_impl.args, "ppo_n_minibatches").get("ppo_n_minibatches", 1)
         seqs = math.ceil(seqs / int(minibatches))
     tokens = seqs * seqlen
     if mfc.mb_spec.max_tokens_per_mb:

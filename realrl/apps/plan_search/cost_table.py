@@ -67,6 +67,8 @@ def _without_shape(impl: Any) -> str:
     every batch size and answer length of an experiment."""
 
     def strip(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):  # typed hyperparameters
+            value = dataclasses.asdict(value)
         if isinstance(value, dict):
             return {k: strip(v) for k, v in value.items() if k not in SHAPE_KEYS}
         return value

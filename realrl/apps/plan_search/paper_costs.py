@@ -56,8 +56,8 @@ import dataclasses
 import math
 import types
 from collections.abc import Mapping
-from typing import Any
 
+from realrl.api.core.config import setting_holder
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout
 from realrl.api.core.model_api import ReaLModelConfig
@@ -117,18 +117,6 @@ class _Model:
         vocab = 0 if cfg.is_critic else cfg.vocab_size
         matmul = counts.active - counts.root + head  # the blocks' active parameters and the head
         return cls(counts.total, matmul, cfg.n_layers, cfg.hidden_dim, q, kv, vocab)
-
-
-def _setting(tree: Any, key: str, default: int) -> int:
-    """``key`` anywhere in nested interface args (PPO nests its settings under ``ppo``)."""
-    if isinstance(tree, Mapping):
-        if key in tree:
-            return int(tree[key])
-        tree = list(tree.values())
-    for v in tree if isinstance(tree, list | tuple) else ():
-        if (found := _setting(v, key, -1)) != -1:
-            return found
-    return default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +182,10 @@ class _Call:
         tokens, forward = seqs * seqlen, _forward_flops(self.m, seqs * seqlen, seqlen)
         train, args = kind is ModelInterfaceType.TRAIN_STEP, self.mfc.interface_impl.args
         limit = self.mfc.mb_spec.max_tokens_per_mb
-        epochs = _setting(args, "ppo_n_epochs", 1) if train else 1
-        minibatches = _setting(args, "ppo_n_minibatches", 1) if train else 1
+        epochs = int(setting_holder(args, "ppo_n_epochs").get("ppo_n_epochs", 1)) if train else 1
+        minibatches = (
+            int(setting_holder(args, "ppo_n_minibatches").get("ppo_n_minibatches", 1)) if train else 1
+        )
         chunks = max(self.mfc.mb_spec.n_mbs, math.ceil(tokens / minibatches / limit) if limit else 1)
         if not train:
             gather = self.dp_net.seconds(chunks * self.gathered, layout.dp, 1, chunks) if self.fsdp else 0.0
