@@ -41,11 +41,17 @@ class Embedding(nn.Module):
 
 @torch.no_grad()
 def reset_critic_head(head: nn.Linear, mode: str, seed: int) -> None:
-    """``head`` initialised as ``init_critic_head`` does, from ``seed`` (the same values wherever the
-    head is: a whole model, or a pipeline's last stage); nothing to do on "meta"."""
-    device = head.weight.device
-    if device.type != "meta":
-        init_critic_head(head, mode, torch.Generator(device=device).manual_seed(seed))
+    """``head`` initialised as ``init_critic_head`` does, from ``seed``: drawn in fp32 by a CPU
+    generator, then copied where the head is, so the values are the same on every device, dtype
+    and layout (a whole model, a tensor-parallel rank, a pipeline's last stage); a device's own
+    generator (CUDA's) draws another stream from the same seed. Nothing to do on "meta"."""
+    if head.weight.device.type == "meta":
+        return
+    # allocated without its default initialisation, which would draw from the global RNG
+    drawn = nn.utils.skip_init(nn.Linear, head.in_features, head.out_features, bias=head.bias is not None)
+    init_critic_head(drawn, mode, torch.Generator(device="cpu").manual_seed(seed))
+    for param, value in zip(head.parameters(), drawn.parameters(), strict=True):
+        param.copy_(value)
 
 
 def init_critic_head(head: nn.Linear, mode: str = "reward", generator: torch.Generator | None = None) -> None:
