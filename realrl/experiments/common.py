@@ -145,9 +145,8 @@ def experiment_config(
 ) -> ExperimentConfig:
     """The runtime's ExperimentConfig from the common options, the graph and the models."""
     ctrl = common.exp_ctrl
-    weightless = {role for role, spec in models.items() if not spec.has_weights}
     allocation = parse_allocation(
-        common.allocation_mode, mfcs, common.manual, common.manual_layouts, weightless
+        common.allocation_mode, mfcs, common.manual, common.manual_layouts, ModelSpec.weightless(models)
     )
     homes = allocation.homes
     try:

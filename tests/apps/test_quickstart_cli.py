@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from realrl.api.core.dfg import build_graph
+from realrl.api.core.layout import Layout
 from realrl.apps.configs import build_config, chosen_task, preset_overrides
 from realrl.apps.errors import UserError
 from realrl.apps.quickstart import standby_count
@@ -279,3 +280,18 @@ def test_the_cli_starts_its_standby_workers_first_and_stops_the_unused_ones(monk
     monkeypatch.setattr(qs, "_main", lambda argv, standby: seen.append(standby))
     qs.main(["ppo", "standby_workers=0"])
     assert seen == [None]  # no pool at all: no phase starts standby processes for the next one
+
+
+def test_the_search_profiles_only_layouts_the_pre_run_check_accepts(tmp_path):
+    """A whole-experiment layout of the search replicates grpo's reward function as the command
+    line does; a layout the check refuses (3 heads' worth of tensor parallelism) is not profiled."""
+    from realrl.apps.plan_search.choose import _runnable
+    from realrl.apps.plan_search.cost_table import task_fallback
+    from realrl.apps.plan_search.space import with_allocation
+
+    cfg = build_config("grpo", [f"fileroot={tmp_path}", "allocation_mode=d1"])
+    exp, fallback = cfg.initial_setup(), task_fallback(cfg)  # the toy model: its SFT phase has not run
+    placed = with_allocation(exp, "d1m2p1")
+    assert str(placed.layouts["actor"]) == "d1m2p1" and str(placed.layouts["reward"]) == "d2m1p1"
+    assert _runnable(exp, Layout(1, 2, 1), fallback)
+    assert not _runnable(exp, Layout(1, 3, 1), fallback)

@@ -5,6 +5,7 @@ checks its own values; how they fit together is ``experiment_checks``'."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from realrl.api.core.config import ModelAbstraction, ModelBackendAbstraction
 
@@ -57,6 +58,12 @@ class ModelSpec:
         """False for the ``null`` backend: a tokenizer and a function (a reward function, the
         advantage computation), nothing to split or move."""
         return self.backend.type_ != "null"
+
+    @staticmethod
+    def weightless(models: Mapping[str, ModelSpec]) -> set[str]:
+        """The roles of ``models`` with no weights: a layout given for the whole experiment
+        replicates them (``parse_allocation``)."""
+        return {role for role, spec in models.items() if not spec.has_weights}
 
     @property
     def offload(self) -> bool:

@@ -15,17 +15,19 @@ import os
 from collections.abc import Callable
 
 from realrl.api.core.devices import is_cuda, visible_gpu_count
+from realrl.api.core.layout import Layout
 from realrl.api.core.model_size import model_configs
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.api.quickstart.memory_plan import plan_memory
 from realrl.apps.errors import UserError
+from realrl.apps.feasibility import check_feasible
 from realrl.apps.plan_search.cost_table import Shape, task_fallback
 from realrl.apps.plan_search.paper_costs import HARDWARE, paper_costs
 from realrl.apps.plan_search.profiles import calibrate_contention, drift, measure_plans, profile
 from realrl.apps.plan_search.search import Candidate, SearchResult, search
 from realrl.apps.plan_search.simulator import Costs
-from realrl.apps.plan_search.space import call_options
+from realrl.apps.plan_search.space import call_options, with_allocation
 from realrl.base import logging
 
 logger = logging.getLogger("search")
@@ -114,7 +116,8 @@ def _profiled_search(
 ) -> PlanSearch:
     """Profile what the cache lacks, search; then, once per cache, run the best plan whose calls
     overlap on disjoint workers to measure the contention between them, and search again."""
-    layouts = sorted({p.layout for m in exp.mfcs for p in call_options(m, workers, per_node)}, key=str)
+    options = sorted({p.layout for m in exp.mfcs for p in call_options(m, workers, per_node)}, key=str)
+    layouts = [lay for lay in options if _runnable(exp, lay, task_fallback(cfg))]
     table, path, ran = profile(
         name,
         cfg,
@@ -151,6 +154,17 @@ def _profiled_search(
                 path,
             )
     return PlanSearch(result, exp, table.costs(shape), ran, table.contention_plan, measured)
+
+
+def _runnable(exp: ExperimentConfig, layout: Layout, fallback: dict | None) -> bool:
+    """Whether the pre-run check (``check_feasible``) accepts ``exp`` run in ``layout``: only
+    those layouts are profiled."""
+    try:
+        check_feasible(with_allocation(exp, str(layout)), fallback=fallback)
+    except ValueError as e:
+        logger.info("layout %s is not profiled: %s", layout, e)
+        return False
+    return True
 
 
 OVERLAP_TO_MEASURE = 0.05  # the least overlap of a plan the contention is measured on

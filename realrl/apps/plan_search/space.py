@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from realrl.api.core.dfg import MFCDef
 from realrl.api.core.layout import Layout, Placement
-from realrl.api.core.system_api import ExperimentConfig
+from realrl.api.core.system_api import ExperimentConfig, ModelSpec
 from realrl.api.quickstart.allocation import parse_allocation
 
 
@@ -72,7 +72,7 @@ def _text(placement: Placement) -> str:
 def with_allocation(exp: ExperimentConfig, allocation_mode: str) -> ExperimentConfig:
     """``exp`` with every call placed as ``allocation_mode`` says (the same checks as building the
     experiment with it: a ``ValueError`` for a plan the runtime would refuse)."""
-    allocation = parse_allocation(allocation_mode, exp.mfcs)
+    allocation = parse_allocation(allocation_mode, exp.mfcs, weightless=ModelSpec.weightless(exp.models))
     homes = allocation.homes
     return dataclasses.replace(
         exp,
