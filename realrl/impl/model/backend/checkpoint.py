@@ -10,7 +10,8 @@ Layout of ``<dir>``:
                                       module: every rank's shards of weights and optimizer state
                                       (``torch.distributed.checkpoint``), loadable with the same layout
   engine_state.pt                     optimizer (unsharded), LR scheduler and grad-scaler state
-  rng_state_rank{r}.pt                python / numpy / torch (and CUDA) RNG of the model's rank r
+  rng_state_rank{r}.pt                python / numpy / torch RNG of the model's rank r, and its own
+                                      CUDA device's
   extra_state_rank{r}.pt              what the caller passed (data position, model version, ...)
 
 Everything is written into ``<dir>.tmp`` and renamed onto ``<dir>`` only once every rank has
@@ -52,19 +53,51 @@ ADAPTERS = "adapters.safetensors"
 SHARDED = "sharded"
 
 
-def rng_state() -> dict[str, Any]:
+def device_rng_state(device: torch.device | str, cuda: Any = torch.cuda) -> torch.Tensor | None:
+    """The RNG state of ``device`` alone (None for a host device). Only the worker's own device:
+    which devices a worker sees differs between launchers (every GPU of the node in a local run,
+    its own under Ray) and between runs, so every visible device's state would not restore in a
+    run that sees another number of them. ``cuda``: ``torch.cuda``, or what stands in for it."""
+    device = torch.device(device)
+    return cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def set_device_rng_state(state: Any, device: torch.device | str, cuda: Any = torch.cuda) -> None:
+    """Restore ``device``'s RNG from ``device_rng_state``'s ``state``. An older recover point holds
+    the list of every visible device's state: this device's entry is restored when this run sees
+    as many devices (the same ones, in all likelihood), else none is."""
+    device = torch.device(device)
+    if device.type != "cuda" or state is None:
+        return
+    if isinstance(state, list | tuple):
+        if len(state) != cuda.device_count():
+            logger.warning(
+                "the recover point holds the RNG states of %d CUDA devices, this worker sees %d: "
+                "which one was %s's is unknown; its RNG is not restored",
+                len(state),
+                cuda.device_count(),
+                device,
+            )
+            return
+        state = state[cuda.current_device() if device.index is None else device.index]
+    cuda.set_rng_state(state, device)
+
+
+def rng_state(device: torch.device | str | None = None) -> dict[str, Any]:
+    """Python, numpy and torch's RNG state, and ``device``'s own (a CUDA device's)."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    own = None if device is None else device_rng_state(device)
+    if own is not None:
+        state["cuda"] = own
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | str | None = None) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device is not None:
+        set_device_rng_state(state.get("cuda"), device)
 
 
 def save_module_weights(
@@ -190,8 +223,8 @@ def load_state(file: str) -> Any:
         raise CheckpointError(f"{file}: cannot be read back ({type(e).__name__}: {e})") from e
 
 
-def _write_rank_files(path: str, rank: int, extra_state: Any) -> None:
-    torch.save(rng_state(), os.path.join(path, f"rng_state_rank{rank}.pt"))
+def _write_rank_files(path: str, rank: int, extra_state: Any, device: torch.device | str) -> None:
+    torch.save(rng_state(device), os.path.join(path, f"rng_state_rank{rank}.pt"))
     save_state(
         extra_state, os.path.join(path, f"extra_state_rank{rank}.pt"), f"the extra state of rank {rank}"
     )
@@ -221,6 +254,7 @@ def save_checkpoint(
     extra_state: Any = None,
     group: dist.ProcessGroup | None = None,
     sharded_state: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
 ) -> None:
     """Write a checkpoint to ``path`` atomically (see the module docstring). Collective over ``group``
     (every rank of the model).
@@ -228,7 +262,7 @@ def save_checkpoint(
     Rank 0 writes the shared part (weights, optimizer) first, since a module's own
     ``save_pretrained`` may replace the folder it writes to; then every rank adds its own files.
     ``sharded_state``: this rank's shards (``parallel.state.sharded_state``), written by every rank
-    in place of ``module``'s whole weights.
+    in place of ``module``'s whole weights. ``device``: the rank's own device, whose RNG it saves.
     """
     path = os.path.abspath(path)
     tmp = path + ".tmp"
@@ -260,7 +294,11 @@ def save_checkpoint(
             cleanup,
         )
     _collective_try(
-        "writing RNG and extra state", path, group, lambda: _write_rank_files(tmp, r, extra_state), cleanup
+        "writing RNG and extra state",
+        path,
+        group,
+        lambda: _write_rank_files(tmp, r, extra_state, device),
+        cleanup,
     )
 
     def publish() -> None:
@@ -275,8 +313,10 @@ def load_checkpoint(
     module: torch.nn.Module,
     group: dist.ProcessGroup | None = None,
     load_shards: Callable[[str], None] | None = None,
+    device: torch.device | str = "cpu",
 ) -> tuple[dict[str, Any], Any]:
-    """Load weights and this rank's RNG; return ``(engine_state, extra_state)``.
+    """Load weights and this rank's RNG (its own ``device``'s included); return
+    ``(engine_state, extra_state)``.
 
     ``load_shards(folder)`` restores a sharded module (and its optimizer) from the ``sharded/``
     folder instead of reading whole weights."""
@@ -306,7 +346,7 @@ def load_checkpoint(
     r = dp.rank(group)
     rng_file = os.path.join(path, f"rng_state_rank{r}.pt")
     if os.path.exists(rng_file):
-        set_rng_state(load_state(rng_file))
+        set_rng_state(load_state(rng_file), device)
     else:
         logger.warning("checkpoint %s has no RNG state for rank %d; RNG not restored", path, r)
     extra_file = os.path.join(path, f"extra_state_rank{r}.pt")

@@ -253,7 +253,7 @@ class TrainEngine(InferenceEngine):
             from realrl.impl.model.parallel.state import sharded_state
 
             shards = sharded_state(self.module, self.optimizer)
-        save_checkpoint(path, self.module, self.engine_state(), extra_state, group, shards)
+        save_checkpoint(path, self.module, self.engine_state(), extra_state, group, shards, self.device)
 
     def load(self, path: str) -> Any:
         """Restore everything ``save`` wrote; return the ``extra_state`` saved by this rank."""
@@ -265,7 +265,7 @@ class TrainEngine(InferenceEngine):
             def load_shards(folder: str) -> None:
                 load_sharded(folder, self.module, self.optimizer, group)
 
-        state, extra = load_checkpoint(path, self.module, group, load_shards)
+        state, extra = load_checkpoint(path, self.module, group, load_shards, self.device)
         if state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
