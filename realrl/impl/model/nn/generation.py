@@ -10,12 +10,15 @@ the logits by sampling temperature"), before top-k/top-p filtering, so a trainin
 recomputes them exactly.
 
 Sampling randomness is counter-based (``nn/sampling.py``): a sequence's tokens depend on its key
-only, not on which other prompts share the batch.
+only, not on which other prompts share the batch. A model split by tensor parallelism decodes
+eagerly, and its ranks take the tokens their first rank sampled (``sampling_group``), so that
+they stay in step.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
 from realrl.base import logging
@@ -134,6 +137,20 @@ def decoding_mode(model, g: GenerationHyperparameters, device: torch.device) -> 
     return choose_decoding(g.decoding, device.type, tensor_parallel, is_fsdp(model), moe)
 
 
+def sampling_group(model) -> dist.ProcessGroup | None:
+    """The tensor-parallel ranks that decode ``model``'s batch together and so must sample the same
+    tokens: the "tp" group of the mesh its query projections are split over (``parallel/
+    tensor_parallel.py``); None for a model whose blocks are not split, or split over one rank."""
+    weight = model.layers[0].attn.q.weight if len(model.layers) > 0 else None
+    if not is_dtensor(weight):
+        return None
+    mesh = weight.device_mesh
+    names = mesh.mesh_dim_names or ()
+    if "tp" in names:
+        return mesh.get_group("tp") if mesh.size(names.index("tp")) > 1 else None
+    return mesh.get_group() if mesh.ndim == 1 and mesh.size() > 1 else None
+
+
 # why a Mixture-of-Experts model decodes without CUDA graphs (``choose_decoding``)
 MOE_NO_GRAPHS = (
     "a Mixture-of-Experts block groups each step's tokens by the experts they are routed to, and "
@@ -243,6 +260,7 @@ class EagerDecoding:
         self.out_version = torch.zeros(n_seqs, max_new, dtype=torch.long, device=device)
         self.gen_lens = torch.full((n_seqs,), max_new, dtype=torch.long, device=device)
         self.step = 0  # tokens every live row has sampled so far
+        self.group = sampling_group(model)  # the tp ranks that take their first rank's tokens
 
     @property
     def n_live(self) -> int:
@@ -257,7 +275,7 @@ class EagerDecoding:
         with decode_attention_kernels(self.input_ids.device):
             while self.step < stop and self.n_live:
                 step, live = self.step, self.live
-                tokens, logp = next_tokens(self.logits, g, eos, step, self.keys)
+                tokens, logp = next_tokens(self.logits, g, eos, step, self.keys, self.group)
                 self.out_tokens[live, step] = tokens
                 self.out_logp[live, step] = logp
                 self.out_version[live, step] = version

@@ -5,11 +5,20 @@ step ``s`` draws ``row_uniforms(keys, s)``, a hash of (key, s). A sequence's tok
 depend on its key only, not on which other prompts share the batch, their order, or the
 data-parallel rank that generates it; and the draws are elementwise tensor ops, so a step with a
 tensor ``s`` runs inside a CUDA graph (``nn/static_decode.py``).
+
+The tensor-parallel ranks of one model replica decode the same batch and must feed the same
+tokens to their next collective, yet each samples from its own copy of the logits: a CUDA float
+``cumsum`` (the CDF) is not deterministic, and one rank drawing another token would split the
+ranks' batches (one drops a row at EOS, the other does not) and hang the next all-reduce. So
+with a ``group`` of more than one rank, ``next_tokens`` hands every rank the tokens its first
+rank drew (one broadcast of int64 ids per step); each rank's log-probs are then those of the
+agreed tokens. Without a group nothing is communicated.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from realrl.api.core.model_api import GenerationHyperparameters
 from realrl.impl.model.utils.logits_warper import warp_logits
@@ -107,17 +116,30 @@ def is_eos(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     return (tokens[:, None] == eos[None, :]).any(dim=-1)
 
 
+def first_rank_tokens(tokens: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The tokens [B] that the first rank of ``group`` sampled, on every rank of it (one broadcast
+    over ``group``, whose ranks all call this at the same step); ``tokens`` itself without a group."""
+    if group is None:
+        return tokens
+    tokens = tokens.contiguous()
+    dist.broadcast(tokens, group_src=0, group=group)
+    return tokens
+
+
 def next_tokens(
     logits: torch.Tensor,
     g: GenerationHyperparameters,
     eos: torch.Tensor,
     step: int | torch.Tensor,
     keys: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(token [B], its log-prob under logits / temperature [B]) for decoding step ``step``; row b
     samples with ``row_uniforms(keys, step)[b]``. ``step`` is an int (the eager loop) or a 0-dim
     long tensor (a captured step): both give the same tokens, as the way of sampling is chosen by
-    ``g`` alone and the step only decides, as a value, whether EOS is still banned."""
+    ``g`` alone and the step only decides, as a value, whether EOS is still banned. ``group``: the
+    tensor-parallel ranks that decode this batch together, which all take its first rank's tokens
+    (``first_rank_tokens``); None on one rank."""
     scaled = logits.float() if g.temperature == 1.0 else logits.float() / g.temperature
     logp = torch.log_softmax(scaled, dim=-1)
     bans_eos = g.min_new_tokens > 0 and eos.numel() > 0
@@ -135,4 +157,5 @@ def next_tokens(
         tokens = sample_categorical(probs, row_uniforms(keys, step))
     else:  # plain sampling: the probabilities are exp(logp), no second softmax
         tokens = sample_categorical(logp.exp(), row_uniforms(keys, step))
+    tokens = first_rank_tokens(tokens, group)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
