@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from realrl.api.core import devices
+from realrl.api.core.layout import node_groups
 from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
 from realrl.apps.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, data_error_message, one_line
 from realrl.apps.feasibility import check_feasible, sharded_layouts
@@ -104,7 +105,8 @@ def run_experiment(
     except ValueError as e:  # more workers than GPUs without colocate=true, and such
         raise UserError(str(e)) from e
     if mode != "local":
-        launcher = RayLauncher(config.log_dir, secret, ray_cpus_per_worker, gpus_per_worker)
+        groups = node_groups(config.mesh_placements().values(), config.n_model_workers)
+        launcher = RayLauncher(config.log_dir, secret, ray_cpus_per_worker, gpus_per_worker, groups)
     record = make_name_record(nr_cfg)
     run_root = names.run_root(config.experiment_name, config.trial_name)
     record.clear_subtree(run_root)

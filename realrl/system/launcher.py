@@ -186,11 +186,23 @@ class RayLauncher:
     """Workers as Ray actors on the cluster ``ray.init`` connected this driver to."""
 
     def __init__(
-        self, log_dir: str, secret: bytes, cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0
+        self,
+        log_dir: str,
+        secret: bytes,
+        cpus_per_worker: float = 1.0,
+        gpus_per_worker: float = 0.0,
+        node_groups: list[list[int]] | None = None,
+        timeout: float = 120.0,
     ):
+        """``node_groups``: workers that must share a node (``layout.node_groups``: a replica's
+        tensor-parallel ranks and pipeline stages), each placed by a Ray placement group packed
+        on one node; None: every worker wherever Ray puts it. ``timeout``: how long a group may
+        wait for a node with room."""
         self.log_dir, self.secret, self.cpus, self.gpus = log_dir, secret, cpus_per_worker, gpus_per_worker
+        self.node_groups, self.timeout = node_groups, timeout
         self.actors: dict[str, object] = {}
         self.refs: dict[str, object] = {}
+        self.placement_groups: list[object] = []
 
     def start(self, configs: list[ModelWorkerConfig]) -> None:
         import ray
@@ -210,13 +222,48 @@ class RayLauncher:
         actor_cls = ray.remote(RayWorkerActor)
         os.makedirs(self.log_dir, exist_ok=True)
         secret_ref = [ray.put(self.secret)]  # not an argument anyone can read off the task
+        try:
+            where = self._place()
+        except BaseException:
+            self._remove_placement_groups()
+            raise
         for cfg in configs:
             name = cfg.worker_name
             open(worker_log_path(self.log_dir, name), "w").close()  # a rerun of the trial starts a fresh log
-            actor = actor_cls.options(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0).remote()
+            options = dict(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)
+            if cfg.worker_index in where:
+                options["scheduling_strategy"] = where[cfg.worker_index]
+            actor = actor_cls.options(**options).remote()
             self.actors[name] = actor
             self.refs[name] = actor.run.remote(cfg, secret_ref, worker_log_path(self.log_dir, name))
             logger.info("started %s as a Ray actor", name)
+
+    def _place(self) -> dict[int, object]:
+        """Worker -> the scheduling strategy that puts it in its node group's placement group (one
+        bundle per worker, all on one node: ``STRICT_PACK``); {} without node groups or resources
+        to pack. Waits until every group is placed, and names the one that cannot be."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v > 0}
+        if not self.node_groups or not bundle:
+            return {}
+        out = {}
+        for group in self.node_groups:
+            pg = placement_group([dict(bundle) for _ in group], strategy="STRICT_PACK")
+            self.placement_groups.append(pg)
+            try:
+                ray.get(pg.ready(), timeout=self.timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(
+                    f"model workers {group} must share a node (tensor-parallel ranks or pipeline stages of "
+                    f"one replica) and need {len(group)} x {bundle} there, but no node of the Ray cluster "
+                    f"had room within {self.timeout:g} s: use smaller tensor/pipeline groups or bigger nodes"
+                ) from None
+            for index, w in enumerate(group):
+                out[w] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+        return out
 
     def check(self) -> None:
         import ray
@@ -245,3 +292,11 @@ class RayLauncher:
         for actor in self.actors.values():
             ray.kill(actor, no_restart=True)
         self.actors.clear()
+        self._remove_placement_groups()
+
+    def _remove_placement_groups(self) -> None:
+        import ray
+
+        for pg in self.placement_groups:
+            ray.util.remove_placement_group(pg)
+        self.placement_groups.clear()

@@ -82,10 +82,13 @@ def init_process_group(cfg: ModelWorkerConfig, name_record: NameRecordRepository
     process can take the port in between, and nothing listens beyond ``bind_host``."""
     key = names.dist_store(cfg.experiment_name, cfg.trial_name)
     timeout = datetime.timedelta(seconds=timeouts.peer)
-    if cfg.bind_host == network.LOOPBACK:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    host = cfg.bind_host or _node_ip()
+    interface = network.interface_of(host)  # "lo" in local mode
+    if interface is not None:  # the one the peers reach; a user's own choice stands
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        if host != network.LOOPBACK:  # one node: NCCL's own choice (shared memory, NVLink) stands
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     if cfg.worker_index == 0:
-        host = cfg.bind_host or _node_ip()
         sock = network.bound_socket(host)
         port = sock.getsockname()[1]
         store = dist.TCPStore(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 
 _GRAMMAR = re.compile(r"^d(\d+)(?:m(\d+))?(?:p(\d+))?$")
 
@@ -99,3 +100,26 @@ class Placement:
     def __str__(self) -> str:
         """``d2m1p1@2,3``: the layout and its workers, rank by rank."""
         return f"{self.layout}@{','.join(map(str, self.workers))}"
+
+
+def node_groups(placements: Iterable[Placement], n_workers: int) -> list[list[int]]:
+    """The workers that must share a node: those of one data-parallel replica of any placement
+    (its tensor-parallel ranks exchange every layer's activations, its pipeline stages every
+    micro-batch's) are joined, transitively; every other worker is a group of its own. Groups in
+    order of their first worker."""
+    parent = list(range(n_workers))
+
+    def root(w: int) -> int:
+        while parent[w] != w:
+            parent[w] = parent[parent[w]]
+            w = parent[w]
+        return w
+
+    for placement in placements:
+        for replica in placement.replicas():
+            for w in replica[1:]:
+                parent[root(w)] = root(replica[0])
+    groups: dict[int, list[int]] = {}
+    for w in range(n_workers):
+        groups.setdefault(root(w), []).append(w)
+    return sorted(groups.values())

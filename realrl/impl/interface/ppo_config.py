@@ -345,11 +345,11 @@ PRESET_EXPERIMENT_OPTIONS = {
 def make_ppo_hyperparameters(
     ppo: PPOHyperparameters | dict[str, Any] | None = None, preset: str | None = None
 ) -> PPOHyperparameters:
-    """``preset`` (a name of ``PRESETS``; "real" = the defaults) overridden by ``ppo``
-    (a dict of fields; ``gen`` may itself be a dict that overrides the preset's sampling)."""
+    """``ppo`` itself when it is a ``PPOHyperparameters`` (complete and validated where it was made:
+    what the experiments hand their interfaces); else ``preset`` (a name of ``PRESETS``; "real" =
+    the defaults) overridden by ``ppo`` (a dict of fields; ``gen`` may itself be a dict that
+    overrides the preset's sampling)."""
     if isinstance(ppo, PPOHyperparameters):
-        if preset is not None:
-            raise ValueError("give either a PPOHyperparameters instance or a preset name, not both")
         return ppo
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"unknown PPO preset {preset!r}; choose from {sorted(PRESETS)}")
