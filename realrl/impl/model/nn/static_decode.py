@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -38,6 +39,7 @@ from realrl.impl.model.nn.sampling import is_eos, next_tokens
 from realrl.impl.model.nn.transformer_block import linear
 
 DEFAULT_CHECK_EVERY = 8  # steps between two looks at the finished flags (each one a host sync)
+CAPTURE_ERROR_MODE = "thread_local"  # see ``capture``
 
 
 def batch_buckets(n: int) -> tuple[int, ...]:
@@ -205,15 +207,22 @@ class StepGraphs:
         with torch.cuda.stream(side), _autocast_without_cache(device):
             rehearse(run, buckets, rewind)
         current.wait_stream(side)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        for b in buckets:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), _autocast_without_cache(device):
-                run(b)
-            self.graphs[b] = graph
+        self.graphs = {b: capture(run, b, device) for b in buckets}
 
     def __call__(self, b: int) -> None:
         self.graphs[b].replay()
+
+
+def capture(run: Callable[[int], None], b: int, device: torch.device, cuda: Any = torch.cuda) -> Any:
+    """``run(b)`` captured as a CUDA graph, in the thread-local capture mode. A model worker's
+    other threads (NCCL's watchdog, gloo's, the request and heartbeat threads) call the CUDA API
+    while this one captures; in the default, global mode a call that is unsafe during a capture
+    from any thread of the process invalidates it, in the thread-local mode only this thread's
+    calls do. ``cuda``: ``torch.cuda`` (its ``CUDAGraph`` and ``graph``), or what stands in for it."""
+    graph = cuda.CUDAGraph()
+    with cuda.graph(graph, capture_error_mode=CAPTURE_ERROR_MODE), _autocast_without_cache(device):
+        run(b)
+    return graph
 
 
 def _autocast_without_cache(device: torch.device) -> contextlib.AbstractContextManager:
