@@ -141,7 +141,12 @@ def sampling_group(model) -> dist.ProcessGroup | None:
     """The tensor-parallel ranks that decode ``model``'s batch together and so must sample the same
     tokens: the "tp" group of the mesh its query projections are split over (``parallel/
     tensor_parallel.py``); None for a model whose blocks are not split, or split over one rank."""
-    weight = model.layers[0].attn.q.weight if len(model.layers) > 0 else None
+    return block_sampling_group(model.layers[0] if len(model.layers) > 0 else None)
+
+
+def block_sampling_group(block) -> dist.ProcessGroup | None:
+    """``sampling_group`` read from one transformer block (a pipeline stage's first)."""
+    weight = block.attn.q.weight if block is not None else None
     if not is_dtensor(weight):
         return None
     mesh = weight.device_mesh

@@ -35,7 +35,7 @@ from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutpu
 from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.attention import PackedMeta, activation_dtype, resolve_attn_impl
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, PackedContext
-from realrl.impl.model.nn.generation import _assemble
+from realrl.impl.model.nn.generation import _assemble, block_sampling_group
 from realrl.impl.model.nn.sampling import answer_keys, eos_tensor, next_tokens
 from realrl.impl.model.parallel.pipeline import Message, PipelineStage, StageLinks
 
@@ -89,6 +89,7 @@ def generate_pipelined(
     impl = resolve_attn_impl(stage.requested_attn_impl, device.type, dtype)
     n_kv = stage.blocks_in_order[0].attn.n_kv
     weights = DecodeWeights()  # decode-time projection weights, prepared once for every micro-batch
+    tp_group = block_sampling_group(stage.blocks_in_order[0])  # the last stage's ranks sample alike
     decodings = []
     for p in micro_batches:
         lens = (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).long()
@@ -153,7 +154,7 @@ def generate_pipelined(
         return sample(d, stage.outputs(x))
 
     def sample(d: _Decoding, logits: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
-        tokens, logp = next_tokens(logits, g, eos, d.step, d.keys)
+        tokens, logp = next_tokens(logits, g, eos, d.step, d.keys, tp_group)
         d.out_tokens[d.live, d.step] = tokens
         d.out_logp[d.live, d.step] = logp
         drop_ended(d, tokens)
