@@ -26,6 +26,7 @@ import dataclasses
 from typing import Any
 
 from realrl.api.core.model_api import GenerationHyperparameters
+from realrl.impl.interface.rollout_correction import RolloutCorrectionConfig
 from realrl.impl.model.utils.rl_registry import (
     AGGREGATIONS,
     PolicyLossConfig,
@@ -103,6 +104,11 @@ class PPOHyperparameters:
     # pi_prox / pi_behav (capped: tokens above the cap drop out). None: on when async_rl is
     decoupled_loss: bool | None = None
     behav_imp_weight_cap: float | None = None
+    # the trainer's log-probs of the batch, one no-grad forward before the updates: the old
+    # (proximal) policy, and the rollout_corr/* mismatch against the decoder's; on whenever a
+    # rollout correction is (outside its bypass_mode). The correction: rollout_correction.py
+    recompute_logprobs: bool = False
+    rollout_correction: RolloutCorrectionConfig = dataclasses.field(default_factory=RolloutCorrectionConfig)
     # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)
     loss_agg_mode: str = "token-mean"
     loss_norm_const: float | None = None  # seq-mean-token-sum-norm's divisor; default gen.max_new_tokens
@@ -117,6 +123,8 @@ class PPOHyperparameters:
     def __post_init__(self) -> None:
         if isinstance(self.gen, dict):
             self.gen = GenerationHyperparameters(**self.gen)
+        if isinstance(self.rollout_correction, dict):
+            self.rollout_correction = RolloutCorrectionConfig(**self.rollout_correction)
         if self.top_p is not None or self.top_k is not None:
             self.gen = dataclasses.replace(
                 self.gen,
