@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.distributed as dist
 
 import realrl.impl.builtin  # noqa: F401  (every implementation registered, as in a model worker)
 
@@ -23,3 +24,15 @@ def ray_cluster():
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture
+def one_rank_group():
+    """A single-rank gloo group (an in-memory store, no network), destroyed after the test."""
+    if dist.is_initialized():
+        raise RuntimeError("a default process group is already initialized in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

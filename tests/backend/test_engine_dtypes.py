@@ -6,9 +6,7 @@ whatever the number of ranks."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-import torch.distributed as dist
 from _backend_toy import make_batch, n_loss_tokens, token_loss
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -23,18 +21,6 @@ from realrl.impl.model.parallel.pipeline import PipelineStage
 
 BF16 = EngineConfig(dtype="bf16")
 LENGTHS = [5, 9, 3]
-
-
-@pytest.fixture
-def one_rank_group():
-    """A single-rank gloo group (an in-memory store, no network), destroyed after the test."""
-    if dist.is_initialized():
-        raise RuntimeError("a default process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def model(seed: int = 0) -> ReaLModel:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from model_fixtures import packed, tiny_config
 
 from realrl.api.core.model_api import GenerationHyperparameters
@@ -41,18 +40,6 @@ def test_explicit_requests():
         choose_decoding("cuda_graph", "cpu")
     with pytest.raises(ValueError, match="tensor parallelism"):
         choose_decoding("static", "cuda", tensor_parallel=True)
-
-
-@pytest.fixture
-def one_rank_group():
-    """A single-rank gloo group (an in-memory store, no network), destroyed after the test."""
-    if dist.is_initialized():
-        raise RuntimeError("a default process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp_model_decodes_without_graphs_and_like_the_plain_model(one_rank_group):

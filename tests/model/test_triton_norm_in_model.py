@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from realrl.impl.model.kernels import triton_norm
@@ -23,17 +22,11 @@ from realrl.impl.model.modules.norm import RMSNorm
 
 
 @pytest.fixture
-def cpu_mesh():
-    """A one-rank device mesh over an in-memory gloo group, destroyed after the test."""
-    if dist.is_initialized():
-        raise RuntimeError("a default process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
+def cpu_mesh(one_rank_group):
+    """A one-rank device mesh over an in-memory gloo group."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
+    return init_device_mesh("cpu", (1,))
 
 
 def test_a_norm_modules_own_weight_is_covered():
