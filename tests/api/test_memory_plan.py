@@ -249,3 +249,66 @@ def test_command_checks_workers_against_n_devices(tmp_path):
         "critic_inf:d1m2p1@0,1, compute_adv:d1m1p1@0, actor_train:d1m2p1@0,1, critic_train:d1m2p1@0,1) "
         "need 2 workers > n_devices=1"
     )
+
+
+WIDE = dict(TINY, hidden_dim=256, intermediate_dim=1024)  # weights outweigh a tiny batch's activations
+
+
+@pytest.mark.parametrize(
+    "home, fsdp, gen, arch",
+    [
+        ("d2m2p1", True, Placement(Layout(1, 2, 1), (0, 1)), TINY),  # colocated: keeps its own slices
+        ("d2m2p1", False, Placement(Layout(1, 2, 1), (4, 5)), TINY),  # on workers of their own
+        ("d1m2p2", False, Placement(Layout(2, 1, 2), (3, 2, 1, 0)), TINY),  # stages to stages
+        ("d1m1p1", False, Placement(Layout(4, 1, 1), (1, 2, 3, 4)), WIDE),  # one home, 4 replicas
+    ],
+)
+def test_a_copy_fill_holds_the_reallocation_plans_send_and_receive_buffers(home, fsdp, gen, arch):
+    """Each worker's staging is what ReaL's plan (``plan_realloc``, on the same shapes in the copy's
+    bf16) has it send plus receive, and its peak counts it with the copy's weights."""
+    import torch
+
+    from realrl.impl.model.comm.realloc import model_param_specs, side_for
+    from realrl.impl.model.comm.realloc_plan import plan_realloc
+
+    p = plan({"actor": spec(fsdp=fsdp, cfg=arch)}, {"actor": home}, mfc_placements={"actor_gen": gen})
+    layout = Layout.parse(home)
+    cfg, home_placement = ReaLModelConfig(**arch), Placement(layout, tuple(range(layout.world_size)))
+    moves = plan_realloc(
+        model_param_specs(cfg, torch.bfloat16), side_for(cfg, home_placement, fsdp), side_for(cfg, gen)
+    )
+    copy = f"actor@{gen}"
+    for w in p.workers:
+        assert w.staging == moves.bytes_sent(w.worker) + moves.bytes_received(w.worker)
+        here = [m for m in p.roles.values() if w.worker in m.workers]
+        calls = [b for m in here for b in m.calls.values()]
+        weights = sum(m.weights for m in here if m.role.startswith(copy))  # the copy exists while filled
+        assert w.peak == w.resident + w.nccl + max(calls + [w.staging + weights])
+    assert sum(w.staging for w in p.workers) == 2 * moves.total_bytes > 0  # each byte sent and received
+    if gen.workers == (4, 5):  # a copy on workers of their own receives its half of the model in bf16
+        assert p.workers[4].staging == p.workers[5].staging == 2 * PARAMS_TP2
+    if gen.workers == (1, 2, 3, 4):  # the home sends the whole model in bf16 to each replica ...
+        assert p.workers[0].staging == 4 * 2 * p.roles["actor"].params
+        assert p.workers[0].peak_call == f"{copy}/realloc"  # ... more than its train call holds
+    assert "realloc" in format_plan(p)
+
+
+def test_communicator_rows_count_the_groups_the_meshes_create(monkeypatch):
+    """d2m2p1: the default group, then the model group, a dp line and a tp line per worker, as
+    ``build_contexts`` creates them; NCCL's buffers of each by its size."""
+    from realrl.api.core.comm_memory import NCCL_BUFFSIZE, NCCL_CHANNELS
+    from realrl.impl.model.parallel import mesh
+
+    created: list[list[int]] = []
+    monkeypatch.setattr(mesh.dist, "new_group", lambda ranks, **_: created.append(list(ranks)))
+    e = exp({"actor": spec()}, {"actor": "d2m2p1"})
+    mesh.build_contexts(e.mesh_placements(), me=-1, device_type="cpu")  # a worker in none: groups only
+    p = plan_memory(e, model_configs(e))
+    ring = NCCL_BUFFSIZE * NCCL_CHANNELS  # per peer: a pair has one, a ring of more two
+    for w in p.workers:
+        sizes = [4] + [len(g) for g in created if w.worker in g]
+        assert sorted(sizes) == [2, 2, 4, 4] and w.communicators == len(sizes)
+        assert w.nccl == 2 * ring + 2 * (2 * ring) == 6 * 8 * 1024**2
+        assert w.peak == w.resident + w.nccl + max(b for m in p.roles.values() for b in m.calls.values())
+    shared = plan({"actor": spec()}, {"actor": "d2m2p1"}, colocate=True)  # workers share GPUs: gloo
+    assert all(w.nccl == 0 and w.communicators == 4 for w in shared.workers)

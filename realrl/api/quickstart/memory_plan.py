@@ -22,8 +22,12 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
   weights of an offloaded role.
 - A call placed outside its model's home runs on a copy (``role@<placement>`` in the tables): weights
   in the engine's dtype split by the call's layout, no optimizer, on the call's workers; present
-  only during its calls unless ``keep_gen_copy`` keeps it resident. A worker runs one call at a time, so its peak is the sum of its
-  roles' resident bytes plus the largest call.
+  only during its calls unless ``keep_gen_copy`` keeps it resident. Filling a copy
+  (``realloc``) holds the send and receive buffers of the move on top of the copy's weights
+  (``api/core/comm_memory.py``: the reallocation plan's rule on the layouts).
+- NCCL: every process group a worker joins keeps a communicator's buffers for the whole run.
+  A worker runs one call or move at a time, so its peak is the sum of its roles' resident bytes
+  and its communicators plus the largest call or move.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from realrl.api.core.comm_memory import Holding, communicator_bytes, communicator_sizes, staging_bytes
 from realrl.api.core.config import setting_holder
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.layout import Layout, Placement
@@ -79,9 +84,12 @@ class RoleMemory:
 class WorkerMemory:
     worker: int
     roles: tuple[str, ...]
-    resident: int
-    peak: int
-    peak_call: str  # "role/mfc" of the largest call on this worker
+    resident: int  # its roles' resident bytes
+    peak: int  # resident + nccl + the largest call or move
+    peak_call: str  # "role/mfc" of the largest call on this worker, "role@copy/realloc" of a move
+    communicators: int = 0  # process groups it joins
+    nccl: int = 0  # their NCCL buffers (none when workers share GPUs over gloo)
+    staging: int = 0  # send + receive buffers of its largest move (a copy's fill)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,24 +300,54 @@ def role_memory(
 
 
 def plan_memory(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | None]) -> MemoryPlan:
-    """Every role's (and copy's) and every worker's bytes: roles on one worker sum, its largest
-    call on top."""
+    """Every role's (and copy's) and every worker's bytes: roles on one worker sum, and its
+    communicators, its largest call or move on top."""
     roles = {m.role: m for r in sorted(exp.allocations) for m in role_memories(exp, r, configs.get(r))}
+    moves: dict[int, dict[str, tuple[int, int]]] = {}  # worker -> move -> (staging, with the copy)
     for r in sorted(exp.allocations):
         for copy in exp.copy_placements(r):
-            for memory in role_memories(exp, r, configs.get(r), copy):
-                roles[memory.role] = memory
-    workers = []
-    for w in range(exp.n_model_workers):
-        here = [m for m in roles.values() if w in m.workers]
-        call, extra = max(
-            ((f"{m.role}/{c}", b) for m in here for c, b in m.calls.items()),
-            key=lambda x: x[1],
-            default=("-", 0),
-        )
-        resident = sum(m.resident for m in here)
-        workers.append(WorkerMemory(w, tuple(m.role for m in here), resident, resident + extra, call))
-    return MemoryPlan(roles, workers, batch_shape(exp), _experts(exp, configs))
+            memories = role_memories(exp, r, configs.get(r), copy)
+            roles.update({m.role: m for m in memories})
+            for w, staging in copy_fill_staging(exp, r, configs.get(r), copy).items():
+                weights = sum(m.weights for m in memories if w in m.workers and m.offload)
+                moves.setdefault(w, {})[f"{r}@{copy}/realloc"] = (staging, staging + weights)
+    return MemoryPlan(
+        roles,
+        [_worker(exp, w, roles, moves.get(w, {})) for w in range(exp.n_model_workers)],
+        batch_shape(exp),
+        _experts(exp, configs),
+    )
+
+
+def _worker(
+    exp: ExperimentConfig, w: int, roles: dict[str, RoleMemory], moves: dict[str, tuple[int, int]]
+) -> WorkerMemory:
+    here = [m for m in roles.values() if w in m.workers]
+    events = [(f"{m.role}/{c}", b) for m in here for c, b in m.calls.items()]
+    call, extra = max(events + [(n, b) for n, (_, b) in moves.items()], key=lambda x: x[1], default=("-", 0))
+    resident = sum(m.resident for m in here)
+    sizes = communicator_sizes(exp, w)
+    nccl = 0 if exp.colocate else sum(communicator_bytes(n) for n in sizes)
+    staging = max((s for s, _ in moves.values()), default=0)
+    return WorkerMemory(
+        w, tuple(m.role for m in here), resident, resident + nccl + extra, call, len(sizes), nccl, staging
+    )
+
+
+def copy_fill_staging(
+    exp: ExperimentConfig, role: str, cfg: ReaLModelConfig | None, copy: Placement
+) -> dict[int, int]:
+    """Worker -> the send and receive buffers it holds while ``role``'s copy in ``copy`` is filled
+    from its home (laid out as its engine lays it: FSDP, whole experts per rank), in the copy's
+    dtype; a copy is never FSDP and splits its experts by tensor parallelism."""
+    spec = exp.models[role]
+    if cfg is None or spec.backend.type_ == "null":
+        return {}
+    econf = dict(spec.backend.args.get("engine") or {})
+    lora = lora_of(spec.model.args)
+    home = Holding(exp.placement(role), bool(econf.get("fsdp")), expert_parallel_of(econf))
+    itemsize = _DTYPE_BYTES[econf.get("dtype", "auto")]
+    return staging_bytes(cfg, home, Holding(copy), itemsize, adapter_param_count(cfg, lora) if lora else 0)
 
 
 def _experts(exp: ExperimentConfig, configs: Mapping[str, ReaLModelConfig | None]) -> dict[str, ExpertParams]:
@@ -345,7 +383,8 @@ def _groups(plan: MemoryPlan) -> Iterator[tuple[str, WorkerMemory]]:
     """Workers with the same roles and bytes listed once ("0-7"): 64 identical lines say nothing."""
     seen: dict[tuple, list[int]] = {}
     for w in plan.workers:
-        seen.setdefault((w.roles, w.resident, w.peak, w.peak_call), []).append(w.worker)
+        key = (w.roles, w.resident, w.peak, w.peak_call, w.communicators, w.nccl, w.staging)
+        seen.setdefault(key, []).append(w.worker)
     for ws in seen.values():
         contiguous = ws == list(range(ws[0], ws[-1] + 1)) and len(ws) > 1
         yield (f"{ws[0]}-{ws[-1]}" if contiguous else ",".join(map(str, ws))), plan.workers[ws[0]]
@@ -369,12 +408,19 @@ def format_plan(plan: MemoryPlan, device_memory_bytes: int | None = None) -> str
             + f"  {'yes' if m.offload else 'no'}"
         )
     lines += [e.describe(role) for role, e in plan.experts.items()]
-    lines.append(f"{'workers':<10}{'resident':>9}{'peak':>8}  {'roles':<24} peak during")
+    lines.append(
+        f"{'workers':<10}{'resident':>9}{'groups':>7}{'nccl':>7}{'realloc':>8}{'peak':>8}  {'roles':<24} peak during"
+    )
     for ws, w in _groups(plan):
         over = "  OVER" if device_memory_bytes is not None and w.peak > device_memory_bytes else ""
         lines.append(
-            f"{ws:<10}{gib(w.resident):>9}{gib(w.peak):>8}  {','.join(w.roles):<24} {w.peak_call}{over}"
+            f"{ws:<10}{gib(w.resident):>9}{w.communicators:>7}{gib(w.nccl):>7}{gib(w.staging):>8}"
+            f"{gib(w.peak):>8}  {','.join(w.roles):<24} {w.peak_call}{over}"
         )
+    lines.append(
+        "groups: process groups joined, nccl: their NCCL buffers; realloc: send + receive buffers "
+        "of the largest copy fill (peak counts it with the copy's weights)"
+    )
     return "\n".join(lines)
 
 
