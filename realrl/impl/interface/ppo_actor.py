@@ -9,6 +9,18 @@ The update reads the advantages ``compute_adv`` wrote for the batch (``ppo_advan
 minimises the registered policy loss ``ppo.policy_loss`` (PPO's clipped token ratio, with DAPO's
 clip-higher and dual clip; GSPO's sequence ratio), aggregated by ``ppo.loss_agg_mode``. GRPO is
 ``adv_estimator="grpo"``; ``grpo_actor`` is this class with the "grpo" preset.
+
+The training-inference mismatch (``ppo.recompute_logprobs``, ``ppo.rollout_correction``): before
+its updates the step recomputes the batch's log-probs with the trainer (one no-grad forward) and
+reports ``rollout_corr/*`` against the decoder's (``packed_logprobs``); the recomputation is the
+old policy the clip is anchored at, and a rollout correction adds truncated importance weights
+(a per-token factor beside the decoupled objective's, detached) and rejection (tokens or answers
+off ``ppo_loss_mask``), so it composes with every registered policy loss. Under asynchronous RL
+(the decoupled objective) the behaviour policy is the decoder's log-probs and the proximal policy
+the trainer's recomputation, for every answer: ``rollout_is`` then stands in for AReaL's
+pi_prox / pi_behav weight (the same ratio, truncated verl's way instead of capped), and without
+``rollout_is`` AReaL's weight stays. ``bypass_mode`` skips the recomputation: rejection and
+``rollout_corr/*`` come from each update's own forward against the decoder's log-probs.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from realrl.impl.interface.ppo_rollout import (
     truncate_generation,
 )
 from realrl.impl.interface.ppo_updates import run_epochs
+from realrl.impl.interface.rollout_correction import RolloutCorrectionConfig
 from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.utils import ppo_functional as F
 from realrl.impl.model.utils.policy_losses import (
@@ -54,11 +67,14 @@ from realrl.impl.model.utils.policy_losses import (
     behaviour_weights,
     get_policy_loss,
 )
+from realrl.impl.model.utils.rollout_correction import rollout_correction
 
 logger = logging.getLogger("ppo_actor")
 PROX_LOGPROBS = "packed_prox_logprobs"  # the decoupled objective's proximal policy (train_step only)
 # tokens whose proximal log-prob is the update's own forward (one update per step; train_step only)
 PROX_IS_CURRENT = "prox_is_current"
+# the rollout correction's truncated importance weights pi_train / pi_rollout (train_step only)
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
 
 
 class PPORollout(Rollout):
@@ -110,6 +126,11 @@ class PPOActorInterface(ModelInterface):
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
+        if self.hp.recompute_logprobs and self.hp.rollout_correction.bypass_mode:
+            raise ValueError(
+                "ppo.rollout_correction.bypass_mode keeps the decoder's log-probs as the old policy; "
+                "ppo.recompute_logprobs=true replaces them with the trainer's: choose one"
+            )
         if self.env is None and self.hp.max_turns > 1:
             raise ValueError(
                 f"ppo.max_turns={self.hp.max_turns} needs env=<an environment>: it takes turns with one"
@@ -137,6 +158,12 @@ class PPOActorInterface(ModelInterface):
     @property
     def hp(self) -> PPOHyperparameters:
         return self.ppo
+
+    @property
+    def measures_mismatch(self) -> bool:
+        """Whether the train step recomputes the batch's log-probs (one extra forward)."""
+        corr = self.hp.rollout_correction
+        return self.hp.recompute_logprobs or (corr.enabled and not corr.bypass_mode)
 
     @property
     def logprob_temperature(self) -> float:
@@ -230,6 +257,11 @@ class PPOActorInterface(ModelInterface):
         dev = logp.device
         short_cu = F.short_cu_seqlens(cu_seqlens_on(mb, dev))
         behav = mb.data["packed_logprobs"].to(dev)
+        corr = hp.rollout_correction
+        corr_stats = {}
+        if corr.bypass_mode:  # rejection against the current policy, by this forward
+            _, kept, corr_stats = _correct(corr, logp.detach(), behav, mask, short_cu, with_weights=False)
+            mask = kept
         # the decoupled objective when some answers came from an older policy (train_step adds
         # their proximal log-probs); else the clip is anchored at the behaviour policy itself
         prox = mb.data[PROX_LOGPROBS].to(dev) if PROX_LOGPROBS in mb.data else None
@@ -243,12 +275,16 @@ class PPOActorInterface(ModelInterface):
             short_cu,
             hp.loss_config(),
         )
-        if prox is not None:
+        # the per-token weights: the rollout correction's pi_train / pi_rollout (truncated), or
+        # the decoupled objective's pi_prox / pi_behav: the same ratio once prox is recomputed
+        if ROLLOUT_IS_WEIGHTS in mb.data:
+            per_token = per_token * mb.data[ROLLOUT_IS_WEIGHTS].to(dev)
+        elif prox is not None and hp.decoupled_loss:
             weights, weight_stats = behaviour_weights(prox, behav, mask, hp.behav_imp_weight_cap)
             per_token = per_token * weights
             st = {**st, **weight_stats}
         loss = aggregate_loss(per_token, mask, short_cu, hp.loss_agg_mode, hp.norm_const())
-        stats = {k: float(v) for k, v in st.items()}
+        stats = {**{k: float(v) for k, v in st.items()}, **corr_stats}
         # how far the token ratio strays from 1 before any update: generation and training
         # disagreeing about the same tokens' log-probs (train_step reports the first minibatch's)
         old = mb.data["packed_logprobs"].to(dev)
@@ -295,8 +331,7 @@ class PPOActorInterface(ModelInterface):
         answers of this very version keep their recorded ones, so a batch with no stale answer
         gets no key at all and trains exactly as the standard objective. Returns how many
         answers were stale."""
-        versions = data.data[BEHAV_VERSION]
-        stale = versions < model.version.global_step
+        stale = _stale_answers(model, data)
         if not bool(stale.any()):
             return 0
         behav = data.data["packed_logprobs"]
@@ -312,12 +347,30 @@ class PPOActorInterface(ModelInterface):
         data.update_(token_minus_one_sample(data, PROX_LOGPROBS, torch.where(stale_tokens, prox, behav)))
         return int(stale.sum())
 
+    def _add_trainer_logprobs(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec):
+        """The trainer's log-probs of the batch (one no-grad forward at the weights the step
+        starts from) as the old / proximal policy of every answer, the rollout correction's
+        weights and rejected tokens, and the ``rollout_corr/*`` statistics."""
+        behav, mask = data.data["packed_logprobs"], data.data["ppo_loss_mask"]
+        train = self._logprobs(model, data, mb_spec).to(behav.device)
+        short_cu = F.short_cu_seqlens(cu_seqlens_on(data, mask.device))
+        weights, kept, stats = _correct(self.hp.rollout_correction, train, behav, mask, short_cu)
+        data.update_(token_minus_one_sample(data, PROX_LOGPROBS, train))
+        if weights is not None:
+            data.update_(token_minus_one_sample(data, ROLLOUT_IS_WEIGHTS, weights.to(behav.dtype)))
+        if self.hp.rollout_correction.rollout_rs is not None:
+            data.update_(token_minus_one_sample(data, "ppo_loss_mask", kept.to(mask.dtype)))
+        return stats
+
     def train_step(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
         hp = self.hp
         require_keys(data, actor_train_keys(hp), "ppo_actor.train_step")
-        stale = (
-            self._add_proximal_logprobs(model, data, mb_spec or MicroBatchSpec()) if hp.decoupled_loss else 0
-        )
+        corr_stats, stale = {}, 0
+        if self.measures_mismatch:
+            corr_stats = self._add_trainer_logprobs(model, data, mb_spec or MicroBatchSpec())
+            stale = int(_stale_answers(model, data).sum()) if hp.decoupled_loss else 0
+        elif hp.decoupled_loss:
+            stale = self._add_proximal_logprobs(model, data, mb_spec or MicroBatchSpec())
         per_minibatch = hp.adv_norm and hp.whiten_scope == "minibatch"
         step_stats = run_epochs(
             hp,
@@ -336,6 +389,7 @@ class PPOActorInterface(ModelInterface):
         if first_dev is not None:  # None: the minibatch held no answer token
             stats["first_mb_ratio_max_dev"] = first_dev
         stats["n_updates"] = float(len(step_stats))
+        stats.update(corr_stats)
         if hp.decoupled_loss:
             stats["stale_answers"] = float(stale)
         model.inc_version()
@@ -347,6 +401,33 @@ class PPOActorInterface(ModelInterface):
 
 def _ppo_loss_mask(mb: SequenceSample) -> torch.Tensor:
     return mb.data["ppo_loss_mask"]
+
+
+def _stale_answers(model: Model, data: SequenceSample) -> torch.Tensor:
+    """bool [answers]: sampled by a policy version older than the one this step starts from."""
+    return data.data[BEHAV_VERSION] < model.version.global_step
+
+
+def _correct(
+    corr: RolloutCorrectionConfig,
+    train: torch.Tensor,
+    rollout: torch.Tensor,
+    mask: torch.Tensor,
+    short_cu: torch.Tensor,
+    with_weights: bool = True,
+):
+    """``rollout_correction`` with the options of ``ppo.rollout_correction``."""
+    level = corr.rollout_is if with_weights else None
+    return rollout_correction(
+        train,
+        rollout,
+        mask,
+        short_cu,
+        level,
+        corr.rollout_is_threshold,
+        corr.rollout_is_batch_normalize,
+        corr.rejection_rules(),
+    )
 
 
 _ANSWER_INDEX = logprob_index(answer_loss_mask)
