@@ -55,6 +55,11 @@ class AdvantageInterface(ModelInterface):
 
     def __post_init__(self) -> None:
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
+        unknown = sorted(set(self.ppo.gdpo_reward_keys or ()) - set(self.scores))
+        if unknown:
+            raise ValueError(
+                f"ppo.gdpo_reward_keys {unknown} are not scores of this graph: {list(self.scores)}"
+            )
         self.kl_ctl = make_kl_controller(self.ppo)
         self.rms = F.RunningMeanStd(beta=self.ppo.value_norm_beta)
 
@@ -99,8 +104,9 @@ class AdvantageInterface(ModelInterface):
             per_prompt = F.clip_rewards(greedy, hp.max_reward_clip)
             sizes = torch.tensor(_group_sizes(data), device=per_prompt.device)
             baseline = torch.repeat_interleave(per_prompt, sizes)
+        est = hp.estimator
         no_eos = data.data["seq_no_eos_mask"].float()
-        advantages, returns = hp.estimator(
+        advantages, returns = est(
             AdvantageInputs(
                 token_rewards=token_rewards,
                 scores=score,
@@ -110,6 +116,9 @@ class AdvantageInterface(ModelInterface):
                 values=values,
                 bootstrap=no_eos if hp.bootstrap_no_eos else torch.zeros_like(no_eos),
                 baseline_scores=baseline,
+                old_logprobs=old_logp if est.needs_logprobs else None,
+                reward_components=_reward_components(data, hp) if est.needs_reward_components else None,
+                reward_weights=hp.gdpo_reward_weights,
                 discount=hp.discount,
                 gae_lambda=hp.gae_lambda,
                 scale_by_std=hp.grpo_scale_by_std,
@@ -198,6 +207,14 @@ def _examples(data: SequenceSample, tokenizer: Any, score: torch.Tensor, n_promp
         if any("env" in t for t in turns):  # a multi-turn trajectory: each turn marked
             row["turns"] = turns
     return rows
+
+
+def _reward_components(data: SequenceSample, hp: PPOHyperparameters) -> torch.Tensor | None:
+    """GDPO's components: the scores ``gdpo_reward_keys`` names, one row each [C, N] (None: the
+    estimator takes the summed score alone)."""
+    if not hp.gdpo_reward_keys:
+        return None
+    return torch.stack([data.data[k].float() for k in hp.gdpo_reward_keys])
 
 
 def _group_sizes(data: SequenceSample) -> list[int]:

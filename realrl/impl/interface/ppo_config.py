@@ -14,7 +14,9 @@ Items of "The N Implementation Details of RLHF with PPO" map to fields (by its n
 and beyond that post: missing_eos_penalty (TRL), mask_no_eos_with_zero, max_reward_clip,
 reward_output_scaling / _bias, value_norm, early_stop_imp_ratio / early_stop_kl (ReaL), the
 registered advantage estimators (``adv_estimator``: gae, grpo, rloo, reinforce_pp,
-reinforce_pp_baseline, remax; ``realrl.impl.model.utils.advantages``) and policy losses
+reinforce_pp_baseline, remax, verl's spellings of them, and verl's gdpo, grpo_passk, opo, gpg,
+optimal_token_baseline, tir_optimal_token_baseline; ``realrl.impl.model.utils.advantages`` and
+``advantages_verl``) and policy losses
 (``policy_loss``: ppo, gspo; ``loss_agg_mode``; ``realrl.impl.model.utils.policy_losses``), DAPO's
 clip-higher (``eps_clip_high``) and overlong reward shaping, and GRPO's KL loss (``kl_loss_coef``).
 docs/algorithms.md has the table of every option with its source.
@@ -81,15 +83,17 @@ class PPOHyperparameters:
     adaptive_kl_horizon: float = 10000.0
 
     # advantages
-    adv_estimator: str = (
-        "gae"  # a registered estimator: gae | grpo | rloo | reinforce_pp | reinforce_pp_baseline | remax
-    )
+    adv_estimator: str = "gae"  # a registered estimator (docs/algorithms.md lists them)
     discount: float = 1.0
     gae_lambda: float = 1.0
     bootstrap_no_eos: bool = True  # a response cut by the length limit bootstraps from its last value
     adv_norm: bool = True
     whiten_scope: str = "batch"  # batch | minibatch
-    grpo_scale_by_std: bool = True
+    grpo_scale_by_std: bool = True  # verl's norm_adv_by_std_in_grpo (grpo, grpo_passk, gdpo)
+    # GDPO: the scores (the graph's score keys, e.g. rewards, env_rewards) normalised one by one
+    # and their weights (verl's names; None: the summed score alone, weights all 1)
+    gdpo_reward_keys: list[str] | None = None
+    gdpo_reward_weights: list[float] | None = None
     kl_loss_coef: float = 0.0  # GRPO: + coef * k3 KL(pi || pi_ref) in the actor loss
 
     # optimisation
@@ -158,6 +162,22 @@ class PPOHyperparameters:
                 or self.estimator.kl_in_reward
                 or (self.kl_ctl == 0 and not self.adaptive_kl_ctl),
                 f"adv_estimator={self.adv_estimator!r} puts the KL in the loss: set kl_ctl=0 and use kl_loss_coef",
+            ),
+            (
+                self.gdpo_reward_weights is None
+                or (
+                    self.gdpo_reward_keys is not None
+                    and len(self.gdpo_reward_weights) == len(self.gdpo_reward_keys)
+                ),
+                "gdpo_reward_weights needs gdpo_reward_keys, one weight per key",
+            ),
+            (
+                self.gdpo_reward_keys is None
+                or (
+                    len(self.gdpo_reward_keys) > 0
+                    and len(set(self.gdpo_reward_keys)) == len(self.gdpo_reward_keys)
+                ),
+                "gdpo_reward_keys must name distinct score keys (or be None)",
             ),
             (
                 self.truncate_penalty is None or self.truncate_token is not None,

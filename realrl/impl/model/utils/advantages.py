@@ -18,6 +18,9 @@ off ``loss_mask``. The math follows the padded ``[B, L]`` formulas of verl's
   remax                  "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for
                          Aligning Large Language Models" (Li et al. 2023)
 
+verl's other estimators (gdpo, grpo_passk, opo, gpg, the optimal token baselines) are in
+``advantages_verl``, on the helpers below.
+
 Conventions shared by the outcome estimators (grpo, rloo, reinforce_pp_baseline): a sequence's
 outcome R_i is the sum of its ``token_rewards`` over all its entries, i.e. its score plus its
 summed per-token KL reward (verl's ``token_level_rewards.sum(-1)``). A group is the consecutive
@@ -63,6 +66,10 @@ class AdvantageInputs:
     values: Tensor | None = None  # [T] critic value after each token (GAE only)
     bootstrap: Tensor | None = None  # [N] 1.0 where the last value bootstraps (GAE only)
     baseline_scores: Tensor | None = None  # [N] ReMax: score of the greedy answer to the same prompt
+    old_logprobs: Tensor | None = None  # [T - N] log pi_old of each sampled token (optimal token baseline)
+    sum_pi_squared: Tensor | None = None  # [T - N] sum over the vocabulary of pi_old^2 (idem; optional)
+    reward_components: Tensor | None = None  # [C, N] GDPO: each reward component per sequence
+    reward_weights: list[float] | None = None  # [C] GDPO: the components' weights (None: all 1)
     discount: float = 1.0
     gae_lambda: float = 1.0
     scale_by_std: bool = True  # GRPO's std division (False = Dr. GRPO)
@@ -105,7 +112,9 @@ def packed_discounted_returns(rewards: Tensor, short_cu_seqlens: Tensor, gamma: 
 
 
 @dataclasses.dataclass
-class _Layout:
+class Layout:
+    """Where each entry and sequence of a packed batch sits (``packed_layout``)."""
+
     seq_ids: Tensor  # [T - N] sequence of each entry
     group_ids: Tensor  # [N] group of each sequence
     group_counts: Tensor  # [N] size of each sequence's group
@@ -114,7 +123,7 @@ class _Layout:
     short_cu: Tensor  # [N + 1]
 
 
-def _layout(inp: AdvantageInputs) -> _Layout:
+def packed_layout(inp: AdvantageInputs) -> Layout:
     cu = inp.cu_seqlens.to(inp.token_rewards.device)
     n = cu.shape[0] - 1
     short_cu = F.short_cu_seqlens(cu)
@@ -127,7 +136,7 @@ def _layout(inp: AdvantageInputs) -> _Layout:
         raise ValueError(f"group_sizes {inp.group_sizes} must be positive and sum to N = {n}")
     sizes = torch.tensor(inp.group_sizes, dtype=torch.long, device=cu.device)
     group_ids = torch.repeat_interleave(torch.arange(len(inp.group_sizes), device=cu.device), sizes)
-    return _Layout(
+    return Layout(
         seq_ids=sequence_ids(short_cu),
         group_ids=group_ids,
         group_counts=sizes[group_ids],
@@ -137,25 +146,25 @@ def _layout(inp: AdvantageInputs) -> _Layout:
     )
 
 
-def _outcomes(inp: AdvantageInputs, lay: _Layout) -> Tensor:
+def outcomes(inp: AdvantageInputs, lay: Layout) -> Tensor:
     """R_i = sum of the sequence's token rewards = score + summed KL reward, one per sequence."""
     n = lay.group_ids.shape[0]
     r = inp.token_rewards.float()
     return torch.zeros(n, dtype=r.dtype, device=r.device).index_add(0, lay.seq_ids, r)
 
 
-def _group_sums(x: Tensor, lay: _Layout) -> Tensor:
+def group_sums(x: Tensor, lay: Layout) -> Tensor:
     """[N]: the sum of x over each sequence's group."""
     sums = torch.zeros(lay.n_groups, dtype=x.dtype, device=x.device).index_add(0, lay.group_ids, x)
     return sums[lay.group_ids]
 
 
-def _group_means(x: Tensor, lay: _Layout) -> Tensor:
+def group_means(x: Tensor, lay: Layout) -> Tensor:
     """[N]: the mean of x over each sequence's group."""
-    return _group_sums(x, lay) / lay.group_counts.to(x.dtype)
+    return group_sums(x, lay) / lay.group_counts.to(x.dtype)
 
 
-def _broadcast(per_seq: Tensor, lay: _Layout) -> Tensor:
+def broadcast(per_seq: Tensor, lay: Layout) -> Tensor:
     """A per-sequence scalar on every response entry of its sequence, 0 elsewhere."""
     return per_seq[lay.seq_ids] * lay.mask
 
@@ -176,7 +185,7 @@ def gae_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """
     if inp.values is None or inp.bootstrap is None:
         raise ValueError("the 'gae' estimator needs values [T] and bootstrap [N] (from a critic)")
-    lay = _layout(inp)
+    lay = packed_layout(inp)
     rewards = inp.token_rewards.float()
     if inp.reward_whiten:
         rewards = F.whiten(rewards, shift_mean=False, mask=inp.loss_mask.bool())
@@ -202,9 +211,9 @@ def grpo_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     with the unbiased std; ``scale_by_std=False`` drops the division (Dr. GRPO, which shows the
     std division up-weights prompts that are too easy or too hard). Returns = advantages.
     """
-    lay = _layout(inp)
-    per_seq = F.group_normalized_advantages(_outcomes(inp, lay), inp.group_sizes, inp.scale_by_std)
-    advantages = _broadcast(per_seq.to(lay.mask.device), lay)
+    lay = packed_layout(inp)
+    per_seq = F.group_normalized_advantages(outcomes(inp, lay), inp.group_sizes, inp.scale_by_std)
+    advantages = broadcast(per_seq.to(lay.mask.device), lay)
     return advantages, advantages
 
 
@@ -217,11 +226,11 @@ def rloo_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 
     on every response token of i; a group of one gets 0. Returns = advantages.
     """
-    lay = _layout(inp)
-    r = _outcomes(inp, lay)
+    lay = packed_layout(inp)
+    r = outcomes(inp, lay)
     k = lay.group_counts.to(r.dtype)
-    loo = torch.where(k > 1, r - (_group_sums(r, lay) - r) / (k - 1).clamp(min=1.0), torch.zeros_like(r))
-    advantages = _broadcast(loo, lay)
+    loo = torch.where(k > 1, r - (group_sums(r, lay) - r) / (k - 1).clamp(min=1.0), torch.zeros_like(r))
+    advantages = broadcast(loo, lay)
     return advantages, advantages
 
 
@@ -234,7 +243,7 @@ def reinforce_pp_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     Returns are G. The whitening is ``ppo_functional.whiten`` (biased variance); verl's
     ``masked_whiten`` uses the unbiased one, a factor sqrt(n / (n - 1)) apart.
     """
-    lay = _layout(inp)
+    lay = packed_layout(inp)
     rewards = inp.token_rewards.float() * lay.mask
     returns = packed_discounted_returns(rewards, lay.short_cu, inp.discount) * lay.mask
     advantages = F.whiten(returns, shift_mean=True, mask=inp.loss_mask.bool())
@@ -250,9 +259,9 @@ def reinforce_pp_baseline_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tens
     (a group of one has centred outcome 0 before whitening; verl subtracts a mean of 0 there).
     Returns = advantages.
     """
-    lay = _layout(inp)
-    r = _outcomes(inp, lay)
-    centred = _broadcast(r - _group_means(r, lay), lay)
+    lay = packed_layout(inp)
+    r = outcomes(inp, lay)
+    centred = broadcast(r - group_means(r, lay), lay)
     advantages = F.whiten(centred, shift_mean=True, mask=inp.loss_mask.bool())
     return advantages, advantages
 
@@ -267,8 +276,8 @@ def remax_advantages(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """
     if inp.baseline_scores is None:
         raise ValueError("the 'remax' estimator needs baseline_scores [N] (a greedy rollout's score)")
-    lay = _layout(inp)
+    lay = packed_layout(inp)
     rewards = inp.token_rewards.float() * lay.mask
     returns = packed_discounted_returns(rewards, lay.short_cu, 1.0) * lay.mask
     baseline = inp.baseline_scores.float().to(returns.device)
-    return returns - _broadcast(baseline, lay), returns
+    return returns - broadcast(baseline, lay), returns

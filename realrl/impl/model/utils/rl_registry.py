@@ -17,6 +17,7 @@ from typing import Any
 from realrl.base.registry import Registry
 
 _ADVANTAGES = "realrl.impl.model.utils.advantages"
+_ADVANTAGES_VERL = "realrl.impl.model.utils.advantages_verl"
 _LOSSES = "realrl.impl.model.utils.policy_losses"
 
 # how ``aggregate_loss`` may reduce a per-token loss to a scalar (policy_losses.aggregate_loss)
@@ -38,7 +39,10 @@ class AdvantageEstimator:
     ``"module:function"`` reference imported on first call). ``needs_critic``: reads ``values`` /
     ``bootstrap``; ``needs_baseline``: reads ``baseline_scores`` (a greedy rollout's score);
     ``kl_in_reward``: a KL penalty in the reward (kl_ctl > 0) is meaningful (False for GRPO,
-    which puts the KL in the loss instead).
+    which puts the KL in the loss instead). ``needs_logprobs``: reads ``old_logprobs`` (the
+    rollout's per-token log-probs); ``needs_reward_components``: reads ``reward_components`` (the
+    scores ``gdpo_reward_keys`` names, one row each). The caller fills an input only for an
+    estimator that declares it.
     """
 
     name: str
@@ -46,6 +50,8 @@ class AdvantageEstimator:
     needs_critic: bool = False
     needs_baseline: bool = False
     kl_in_reward: bool = True
+    needs_logprobs: bool = False
+    needs_reward_components: bool = False
 
     def __call__(self, inputs: Any) -> tuple[Any, Any]:
         return _resolve(self.fn)(inputs)
@@ -61,11 +67,15 @@ def register_adv_estimator(
     needs_critic: bool = False,
     needs_baseline: bool = False,
     kl_in_reward: bool = True,
+    needs_logprobs: bool = False,
+    needs_reward_components: bool = False,
 ) -> AdvantageEstimator:
     """Register ``fn`` under ``name`` (a plain call, not a decorator); returns the entry."""
     if not (callable(fn) or (isinstance(fn, str) and ":" in fn)):
         raise TypeError(f"advantage estimator {name!r} must be callable or 'module:function', got {fn!r}")
-    est = AdvantageEstimator(name, fn, needs_critic, needs_baseline, kl_in_reward)
+    est = AdvantageEstimator(
+        name, fn, needs_critic, needs_baseline, kl_in_reward, needs_logprobs, needs_reward_components
+    )
     return _ESTIMATORS.register(name, est)
 
 
@@ -127,5 +137,26 @@ register_adv_estimator("rloo", f"{_ADVANTAGES}:rloo_advantages")
 register_adv_estimator("reinforce_pp", f"{_ADVANTAGES}:reinforce_pp_advantages")
 register_adv_estimator("reinforce_pp_baseline", f"{_ADVANTAGES}:reinforce_pp_baseline_advantages")
 register_adv_estimator("remax", f"{_ADVANTAGES}:remax_advantages", needs_baseline=True)
+# verl's spellings of the same math (its AdvantageEstimator enum; the *_vectorized ones are its
+# loop-free versions of grpo and rloo)
+register_adv_estimator("reinforce_plus_plus", f"{_ADVANTAGES}:reinforce_pp_advantages")
+register_adv_estimator("reinforce_plus_plus_baseline", f"{_ADVANTAGES}:reinforce_pp_baseline_advantages")
+register_adv_estimator("grpo_vectorized", f"{_ADVANTAGES}:grpo_advantages", kl_in_reward=False)
+register_adv_estimator("rloo_vectorized", f"{_ADVANTAGES}:rloo_advantages")
+# verl's other estimators (advantages_verl); the group-std-normalised ones keep the KL in the loss
+register_adv_estimator(
+    "gdpo", f"{_ADVANTAGES_VERL}:gdpo_advantages", kl_in_reward=False, needs_reward_components=True
+)
+register_adv_estimator("grpo_passk", f"{_ADVANTAGES_VERL}:grpo_passk_advantages", kl_in_reward=False)
+register_adv_estimator("opo", f"{_ADVANTAGES_VERL}:opo_advantages")
+register_adv_estimator("gpg", f"{_ADVANTAGES_VERL}:gpg_advantages")
+register_adv_estimator(
+    "optimal_token_baseline", f"{_ADVANTAGES_VERL}:optimal_token_baseline_advantages", needs_logprobs=True
+)
+register_adv_estimator(
+    "tir_optimal_token_baseline",
+    f"{_ADVANTAGES_VERL}:tir_optimal_token_baseline_advantages",
+    needs_logprobs=True,
+)
 register_policy_loss("ppo", f"{_LOSSES}:ppo_policy_loss")
 register_policy_loss("gspo", f"{_LOSSES}:gspo_policy_loss")
