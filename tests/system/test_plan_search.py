@@ -4,6 +4,8 @@ with no feasible plan."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from system_graphs import mock_config
 
@@ -63,6 +65,16 @@ def test_a_small_search_finds_the_known_best_plan(tmp_path):
     assert best.allocation_mode in BEST
     times = [c.simulation.step_seconds for c in result.ranked]
     assert times == sorted(times) and times[-1] > 12.0
+
+
+def test_the_time_limit_stops_an_exhaustive_search_too(tmp_path):
+    def slow_memory(planned) -> int:  # every plan scored costs 20 ms
+        time.sleep(0.02)
+        return 0
+
+    result = search(_config(tmp_path), COSTS, n_workers=2, memory=slow_memory, time_limit=0.3)
+    assert not result.exhaustive and 0 < result.evaluated < 100
+    assert result.seconds < 2.0
 
 
 def test_the_metropolis_search_is_deterministic_for_a_seed_and_finds_it_too(tmp_path):

@@ -1,6 +1,7 @@
 """Search the execution plans of an experiment: every call's placement, scored by the simulator.
 
-Where the space is small (at most ``exhaustive_limit`` plans) every plan is simulated. Beyond,
+Where the space is small (at most ``exhaustive_limit`` plans) every plan is simulated, unless
+``time_limit`` seconds pass first (then the best of those scored by then, once one is). Beyond,
 a Metropolis search ("ReaL: Efficient RLHF Training of Large Language Models with Parameter
 Reallocation" searches its plans by MCMC too) starts from the best plan that uses one layout for
 every call, changes one call's placement at a time, keeps a better plan always and a worse one
@@ -123,8 +124,12 @@ def search(
     size = math.prod(len(o) for o in options)
     exhaustive = size <= exhaustive_limit
     if exhaustive:
+        found = False
         for choice in itertools.product(*options):
-            score(choice)
+            if found and time_limit is not None and time.monotonic() - start > time_limit:
+                exhaustive = False  # stopped at the limit: the best of the plans scored so far
+                break
+            found = score(choice) is not None or found
     else:
         starts = [c for mode in compare if (c := _choice(exp, mode, options)) is not None]
         _metropolis(options, energy, random.Random(seed), iterations, time_limit, start, temperature, starts)
