@@ -137,7 +137,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="dual_clip"):
         PolicyLossConfig(dual_clip=1.0)
     with pytest.raises(ValueError, match="eps_clip_low"):
-        PolicyLossConfig(eps_clip_low=1.0)
+        PolicyLossConfig(eps_clip_low=-0.1)  # >= 1 is allowed: no lower bound (CISPO)
     with pytest.raises(ValueError, match="eps_clip_high"):
         PolicyLossConfig(eps_clip_high=-0.1)
 
@@ -371,7 +371,7 @@ def test_aggregation_carries_gradients():
 
 
 def test_policy_loss_registry():
-    assert {"ppo", "gspo"} <= set(policy_loss_names())
+    assert {"ppo", "vanilla", "gspo", "cispo", "geo_mean", "sapo", "gpg"} <= set(policy_loss_names())
     with pytest.raises(UnknownNameError, match="registered: .*gspo.*ppo"):
         get_policy_loss("trpo")
     with pytest.raises(ValueError, match="already registered"):

@@ -17,7 +17,8 @@ registered advantage estimators (``adv_estimator``: gae, grpo, rloo, reinforce_p
 reinforce_pp_baseline, remax, verl's spellings of them, and verl's gdpo, grpo_passk, opo, gpg,
 optimal_token_baseline, tir_optimal_token_baseline; ``realrl.impl.model.utils.advantages`` and
 ``advantages_verl``) and policy losses
-(``policy_loss``: ppo, gspo; ``loss_agg_mode``; ``realrl.impl.model.utils.policy_losses``), DAPO's
+(``policy_loss``: verl's vanilla (= ppo), gspo, cispo, geo_mean, sapo, gpg, dro, dppo_tv, dppo_kl,
+clip_cov, kl_cov, their ``policy_loss_options``; ``loss_agg_mode``; ``policy_losses*.py``), DAPO's
 clip-higher (``eps_clip_high``) and overlong reward shaping, and GRPO's KL loss (``kl_loss_coef``).
 docs/algorithms.md has the table of every option with its source.
 """
@@ -29,6 +30,7 @@ from typing import Any
 
 from realrl.api.core.model_api import GenerationHyperparameters
 from realrl.impl.interface.rollout_correction import RolloutCorrectionConfig
+from realrl.impl.model.utils.policy_loss_options import PolicyLossOptions
 from realrl.impl.model.utils.rl_registry import (
     AGGREGATIONS,
     PolicyLossConfig,
@@ -102,7 +104,8 @@ class PPOHyperparameters:
     eps_clip: float = 0.2  # the low clip (1 - eps_clip); also the high one unless eps_clip_high
     eps_clip_high: float | None = None  # DAPO's clip-higher: 1 + eps_clip_high (e.g. 0.28)
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages
-    policy_loss: str = "ppo"  # a registered policy loss: ppo (token ratio) | gspo (sequence ratio)
+    policy_loss: str = "ppo"  # a registered policy loss (verl's names; docs/algorithms.md)
+    policy_loss_options: PolicyLossOptions = dataclasses.field(default_factory=PolicyLossOptions)
     # AReaL's decoupled objective for samples from an older policy (asynchronous RL): the clip
     # anchored at the policy the step starts from, the behaviour policy's samples reweighted by
     # pi_prox / pi_behav (capped: tokens above the cap drop out). None: on when async_rl is
@@ -127,6 +130,8 @@ class PPOHyperparameters:
     def __post_init__(self) -> None:
         if isinstance(self.gen, dict):
             self.gen = GenerationHyperparameters(**self.gen)
+        if isinstance(self.policy_loss_options, dict):
+            self.policy_loss_options = PolicyLossOptions(**self.policy_loss_options)
         if isinstance(self.rollout_correction, dict):
             self.rollout_correction = RolloutCorrectionConfig(**self.rollout_correction)
         if self.top_p is not None or self.top_k is not None:
@@ -187,7 +192,8 @@ class PPOHyperparameters:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(f"PPOHyperparameters: {msg} (got {self._brief()})")
-        PolicyLossConfig(self.eps_clip, self.clip_high, self.dual_clip)  # checks the clip values
+        self.loss_config()  # checks the clip values
+        self.policy_loss_options.check_for(self.policy_loss, self.eps_clip)
 
     @property
     def estimator(self):
@@ -203,7 +209,7 @@ class PPOHyperparameters:
         return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
 
     def loss_config(self) -> PolicyLossConfig:
-        return PolicyLossConfig(self.eps_clip, self.clip_high, self.dual_clip)
+        return PolicyLossConfig(self.eps_clip, self.clip_high, self.dual_clip, self.policy_loss_options)
 
     def norm_const(self) -> float:
         """Dr. GRPO's constant normaliser: the generation length limit unless set."""
@@ -321,6 +327,30 @@ def gspo_preset() -> dict[str, Any]:
     }
 
 
+def _grpo_with_loss(policy_loss: str, **options: Any) -> dict[str, Any]:
+    return {**grpo_preset(), "policy_loss": policy_loss, "kl_loss_coef": 0.0, **options}
+
+
+def cispo_preset() -> dict[str, Any]:
+    """CISPO ("MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention", 2025):
+    the importance weight clipped above only (verl's example: clip_ratio_low 10, high 0.2), its
+    gradient through log pi; token-level aggregation, no KL term."""
+    return _grpo_with_loss("cispo", eps_clip=10.0, eps_clip_high=0.2, loss_agg_mode="token-mean")
+
+
+def gmpo_preset() -> dict[str, Any]:
+    """GMPO ("Geometric-Mean Policy Optimization", Zhao et al. 2025): one ratio per answer, the
+    geometric mean of its token ratios clipped to (e^-0.4, e^0.4); no KL term."""
+    return _grpo_with_loss("geo_mean", eps_clip=0.4, eps_clip_high=0.4, loss_agg_mode="seq-mean-token-mean")
+
+
+def sapo_preset() -> dict[str, Any]:
+    """SAPO ("Soft Adaptive Policy Optimization", Gao et al. 2025): a sigmoid gate instead of the
+    clip, temperatures 1.0 (A > 0) / 1.05 (A <= 0), each answer weighted equally; no KL term."""
+    options = PolicyLossOptions(tau_pos=1.0, tau_neg=1.05)
+    return _grpo_with_loss("sapo", policy_loss_options=options, loss_agg_mode="seq-mean-token-mean")
+
+
 def rloo_preset() -> dict[str, Any]:
     """RLOO (Ahmadian et al. 2024): each answer's baseline is the mean score of the other answers
     to its prompt; the KL penalty in the reward."""
@@ -346,6 +376,9 @@ PRESETS = {
     "dr_grpo": dr_grpo_preset,
     "dapo": dapo_preset,
     "gspo": gspo_preset,
+    "cispo": cispo_preset,
+    "gmpo": gmpo_preset,
+    "sapo": sapo_preset,
     "rloo": rloo_preset,
     "reinforce_pp": reinforce_pp_preset,
     "remax": remax_preset,

@@ -8,12 +8,17 @@ per-token loss is 0 off ``loss_mask`` and ``stats`` holds at least ``clip_frac``
 the clipped surrogate always reported). ``aggregate_loss`` then reduces the per-token loss to
 a scalar in one of ``AGGREGATIONS``.
 
-  ppo   "Proximal Policy Optimization Algorithms" (Schulman et al. 2017), with the asymmetric
+  ppo   (also ``vanilla``, verl's name)
+        "Proximal Policy Optimization Algorithms" (Schulman et al. 2017), with the asymmetric
         "clip-higher" range of "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"
         (Yu et al. 2025) and the dual clip of "Mastering Complex Control in MOBA Games with Deep
         Reinforcement Learning" (Ye et al. 2020); verl's ``compute_policy_loss``.
   gspo  "Group Sequence Policy Optimization" (Zheng et al. 2025); verl's
         ``compute_policy_loss_gspo``.
+
+The other losses verl registers: ``policy_losses_pg`` (cispo, gpg, dro, dppo_tv, dppo_kl: a
+weighted log-likelihood, -w * A * logp) and ``policy_losses_shaped`` (geo_mean, sapo, clip_cov,
+kl_cov: PPO's surrogate reshaped); their shared pieces (``token_ratio``, ``ratio_stats``) are here.
 
 The registry (names; built-in entries by reference) and ``PolicyLossConfig`` are in
 ``rl_registry``, which imports no torch. Registering a new loss (plain call; the registry rejects
@@ -52,6 +57,22 @@ PolicyLossFn = Callable[
 # ----------------------------------------------------------------------------- losses
 
 
+def token_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(log r_t, r_t) with log r_t = logp_t - logp_old_t on the mask (0 off it), and
+    r_t = exp(log r_t) with the log bounded to +-20 as verl does before ``exp``."""
+    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    return log_ratio, torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
+
+
+def ratio_stats(ratio: Tensor, log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """The masked means every loss reports: ``importance_ratio`` (of r) and ``approx_kl``
+    (of -log r, verl's ``ppo_kl``); the early stops read them."""
+    return {
+        "importance_ratio": masked_mean(ratio.detach(), mask),
+        "approx_kl": masked_mean(-log_ratio.detach(), mask),
+    }
+
+
 def clipped_surrogate(
     ratio: Tensor, log_ratio: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -77,8 +98,7 @@ def clipped_surrogate(
     stats = {
         "clip_frac": masked_mean((pg_loss2 > pg_loss1).float().detach(), mask),
         "dual_clip_frac": dual_frac,
-        "importance_ratio": masked_mean(ratio.detach(), mask),
-        "approx_kl": masked_mean(-log_ratio.detach(), mask),
+        **ratio_stats(ratio, log_ratio, mask),
     }
     return loss, stats
 
@@ -98,8 +118,7 @@ def ppo_policy_loss(
     ratio). ``short_cu_seqlens`` is unused.
     """
     mask = loss_mask.bool()
-    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
-    ratio = torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
+    log_ratio, ratio = token_ratio(logprobs, old_logprobs, mask)
     return clipped_surrogate(ratio, log_ratio, advantages, mask, cfg)
 
 

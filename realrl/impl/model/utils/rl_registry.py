@@ -15,10 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from realrl.base.registry import Registry
+from realrl.impl.model.utils.policy_loss_options import PolicyLossOptions
 
 _ADVANTAGES = "realrl.impl.model.utils.advantages"
 _ADVANTAGES_VERL = "realrl.impl.model.utils.advantages_verl"
 _LOSSES = "realrl.impl.model.utils.policy_losses"
+_PG_LOSSES = "realrl.impl.model.utils.policy_losses_pg"
+_SHAPED_LOSSES = "realrl.impl.model.utils.policy_losses_shaped"
 
 # how ``aggregate_loss`` may reduce a per-token loss to a scalar (policy_losses.aggregate_loss)
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -109,21 +112,26 @@ def policy_loss_names() -> list[str]:
 
 @dataclasses.dataclass
 class PolicyLossConfig:
-    """Clip range [1 - eps_clip_low, 1 + eps_clip_high] of the importance ratio.
+    """Clip range [1 - eps_clip_low, 1 + eps_clip_high] of the importance ratio (verl's
+    ``clip_ratio_low`` / ``clip_ratio_high``), and the other losses' ``options``.
 
     ``eps_clip_high > eps_clip_low`` is DAPO's clip-higher (e.g. 0.2 / 0.28): a token whose
     probability rises under a positive advantage may rise further before it stops learning.
-    ``dual_clip`` = c > 1 bounds the loss of a negative-advantage token by -A * c however large
-    its ratio grows (verl's ``clip_ratio_c``, typically 3).
+    ``eps_clip_low >= 1`` puts no lower bound on the ratio (CISPO's choice). ``dual_clip`` = c > 1
+    bounds the loss of a negative-advantage token by -A * c however large its ratio grows (verl's
+    ``clip_ratio_c``, typically 3; DPPO's cap on its importance weight). ``geo_mean`` clips the log
+    ratio to [-eps_clip_low, eps_clip_high]; ``dppo_tv`` / ``dppo_kl`` read the pair as divergence
+    thresholds.
     """
 
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.2
     dual_clip: float | None = None
+    options: PolicyLossOptions = dataclasses.field(default_factory=PolicyLossOptions)
 
     def __post_init__(self):
-        if not 0 <= self.eps_clip_low < 1:
-            raise ValueError(f"eps_clip_low must be in [0, 1), got {self.eps_clip_low}")
+        if self.eps_clip_low < 0:
+            raise ValueError(f"eps_clip_low must be >= 0, got {self.eps_clip_low}")
         if self.eps_clip_high < 0:
             raise ValueError(f"eps_clip_high must be >= 0, got {self.eps_clip_high}")
         if self.dual_clip is not None and not self.dual_clip > 1:
@@ -158,5 +166,16 @@ register_adv_estimator(
     f"{_ADVANTAGES_VERL}:tir_optimal_token_baseline_advantages",
     needs_logprobs=True,
 )
+# verl's names (``core_algos.py``); ``ppo`` is ``vanilla``'s older name here
+register_policy_loss("vanilla", f"{_LOSSES}:ppo_policy_loss")
 register_policy_loss("ppo", f"{_LOSSES}:ppo_policy_loss")
 register_policy_loss("gspo", f"{_LOSSES}:gspo_policy_loss")
+register_policy_loss("cispo", f"{_PG_LOSSES}:cispo_policy_loss")
+register_policy_loss("gpg", f"{_PG_LOSSES}:gpg_policy_loss")
+register_policy_loss("dro", f"{_PG_LOSSES}:dro_policy_loss")
+register_policy_loss("dppo_tv", f"{_PG_LOSSES}:dppo_tv_policy_loss")
+register_policy_loss("dppo_kl", f"{_PG_LOSSES}:dppo_kl_policy_loss")
+register_policy_loss("geo_mean", f"{_SHAPED_LOSSES}:geo_mean_policy_loss")
+register_policy_loss("sapo", f"{_SHAPED_LOSSES}:sapo_policy_loss")
+register_policy_loss("clip_cov", f"{_SHAPED_LOSSES}:clip_cov_policy_loss")
+register_policy_loss("kl_cov", f"{_SHAPED_LOSSES}:kl_cov_policy_loss")
