@@ -72,10 +72,12 @@ def register_everything(overrides: list[str] = ()) -> None:
             for i, m in enumerate(modules):
                 if m.endswith(".py") and not os.path.isfile(m):
                     raise UserError(f"import_modules[{i}]={m!r}: no such file")
-            try:
-                plugins.import_modules(modules)
-            except Exception as e:  # noqa: BLE001 - the user's module: one line naming it
-                raise UserError(f"{o}: cannot import it: {type(e).__name__}: {e}") from e
+            for m in modules:
+                try:
+                    plugins.import_modules([m])
+                except Exception as e:  # noqa: BLE001 - the user's module: one line naming where it failed
+                    where = plugins.failure_message(e, m if m.endswith(".py") else None)
+                    raise UserError(f"{o}: cannot import {m}: {where}") from e
 
 
 def chosen_task(experiment: str, user: list[str]) -> EmbeddedTask | None:

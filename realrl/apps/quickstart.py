@@ -124,11 +124,13 @@ def searched(command: Command) -> Command:
 
 
 def parse_command(argv: list[str]) -> Command:
-    """What ``argv`` asks for, every option checked (the paths are checked next, by
-    ``realrl.apps.run.plan_phases``); a mistake is a ``UserError`` naming the argument."""
+    """What ``argv`` asks for, every option checked; a mistake is a ``UserError`` naming the
+    argument. The files and plugins it names are checked first (``preflight.check_node``), then
+    the options; ``realrl.apps.run.plan_phases`` checks every phase's next."""
     from omegaconf import OmegaConf
 
     from realrl.apps.configs import config_node, register_everything
+    from realrl.apps.preflight import check_node
 
     register_everything()
     if not argv or argv[0] in HELP_FLAGS:
@@ -143,10 +145,11 @@ def parse_command(argv: list[str]) -> Command:
     node, user = config_node(name, overrides, config_file)
     if flags.help:
         return Command(name, text=experiment_help(name, OmegaConf.to_yaml(node)))
-    config = to_object(node, user)
     if flags.cfg:
+        to_object(node, user)
         return Command(name, text=OmegaConf.to_yaml(node))
-    return Command(name, config)
+    check_node(name, node)  # files and plugins first: a missing file beats what it makes wrong
+    return Command(name, to_object(node, user))
 
 
 def _sweep(name: str, overrides: list[str], config_file: Any, cfg: bool) -> Command:
@@ -154,11 +157,14 @@ def _sweep(name: str, overrides: list[str], config_file: Any, cfg: bool) -> Comm
     from omegaconf import OmegaConf
 
     from realrl.apps.configs import config_node
+    from realrl.apps.preflight import check_node
     from realrl.apps.sweep import check_distinct, expand
 
     runs, texts = [], []
     for combination in expand(overrides):
         node, user = config_node(name, combination.overrides, config_file, combination.label)
+        if not cfg:
+            check_node(name, node)
         config = to_object(node, user)
         runs.append(Command(name, config))
         texts.append(f"# {config.trial_name}: {' '.join(combination.overrides)}\n{OmegaConf.to_yaml(node)}")

@@ -4,19 +4,21 @@ user sees at the end (learning curves, the summary table and ``summary.json``)."
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from realrl.api.core import devices
 from realrl.api.core.dfg import build_graph, draw_graph
 from realrl.api.core.model_api import SAMPLES_KEY
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.apps.configs import build_config
 from realrl.apps.errors import UserError, data_error_message, one_line
-from realrl.apps.feasibility import check_feasible
-from realrl.apps.main import ExperimentFailedError, run_experiment
+from realrl.apps.feasibility import check_feasible, sharded_layouts
+from realrl.apps.main import ExperimentFailedError, _devices, run_experiment
 from realrl.apps.preflight import check_paths
 from realrl.apps.summarize import EvaluationProcess, can_hand_over
 from realrl.base import logging, stats
@@ -49,8 +51,8 @@ def curves_of(config_cls: type[CommonExperimentConfig]) -> dict[str, list[str]]:
 
 
 class RunMonitor:
-    """What a user sees while a run goes: a tqdm bar (step, epoch, reward, KL, loss) and the
-    records mirrored to TensorBoard / wandb."""
+    """What a user sees while a run goes: a tqdm bar (step, epoch, reward, KL, loss) on a
+    terminal, and the records mirrored to TensorBoard / wandb."""
 
     def __init__(self, run_dir: str, progress: dict[str, tuple[str, ...]], wandb_project: str | None = None):
         self.run_dir, self.wandb_project = run_dir, wandb_project
@@ -64,7 +66,11 @@ class RunMonitor:
         if self.writer is None:  # at the first record: importing TensorBoard delays no worker
             self.writer = stats.StatsWriter(self.run_dir, wandb_project=self.wandb_project)
         if self.bar is None:
-            self.bar = tqdm(total=total_steps, initial=record["step"] - 1, unit="step", dynamic_ncols=True)
+            # disable=None: no bar when stderr is not a terminal (a file, a pipe): the step's log
+            # line says it there, without a bar frame between every two lines
+            self.bar = tqdm(
+                total=total_steps, initial=record["step"] - 1, unit="step", dynamic_ncols=True, disable=None
+            )
         shown = {"epoch": record.get("epoch")}
         for label, keys in self.progress.items():
             value = next((record[k] for k in keys if k in record), None)
@@ -116,11 +122,13 @@ class Phase:
 def plan_phases(name: str, cfg: CommonExperimentConfig) -> list[Phase]:
     """The phases ``cfg`` builds on that have no final checkpoint yet (each after the ones it
     builds on), then ``cfg``'s own. Every phase's options, paths and runtime config are checked
-    here (``check_paths``, then ``check_feasible``), before the first of them starts: a mistake is found in seconds, not after an SFT run.
-    On an embedded task, its files are written here (once per seed) and the phases whose
-    checkpoints its recipe reads run first."""
+    here (``check_paths``, then ``check_feasible``), before the first of them starts and before
+    anything is written: a mistake is found in seconds, not after an SFT run, and leaves no file.
+    On an embedded task, its files are written here once every phase passed (once per seed), and
+    the phases whose checkpoints its recipe reads run first."""
     phases: list[Phase] = []
     planned: set[str] = set()
+    task_files: dict[tuple, Callable[[], Any]] = {}  # written once every phase is checked
 
     def visit(name: str, cfg: CommonExperimentConfig, context: str) -> None:
         task = get_task(cfg.task) if cfg.task else None
@@ -141,20 +149,27 @@ def plan_phases(name: str, cfg: CommonExperimentConfig) -> list[Phase]:
                 planned.add(pre.run_dir)
                 continue
             visit(pre_name, pre, where)
-        if task:
-            task.files(cfg.fileroot, cfg.seed)
         planned.add(cfg.run_dir)
         phases.append(Phase(name, cfg, checked(context, feasible_experiment, cfg)))
+        if task:
+            key = (task.name, os.path.abspath(cfg.fileroot), cfg.seed)
+            task_files.setdefault(key, functools.partial(task.files, cfg.fileroot, cfg.seed))
 
     visit(name, cfg, "")
+    for write in task_files.values():
+        write()
     return phases
 
 
 def feasible_experiment(cfg: CommonExperimentConfig) -> ExperimentConfig:
     """``cfg``'s runtime config, once the pre-run feasibility check accepts it (a model an
-    earlier phase has yet to train is planned from the embedded task's model config)."""
+    earlier phase has yet to train is planned from the embedded task's model config) and, run
+    locally, this machine has the GPUs its workers need (as ``run_experiment`` checks them)."""
     exp = cfg.initial_setup()
     check_feasible(exp, fallback=task_model_config(cfg))
+    if cfg.mode == "local":  # the GPUs its workers get (a Ray cluster's are known once joined)
+        placed, backend, _ = _devices(exp, "local")
+        devices.check_shared_gpus(placed, backend, sharded_layouts(exp))
     return exp
 
 

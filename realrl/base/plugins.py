@@ -10,12 +10,15 @@ names a module (importing it registers) or a function (called with no arguments)
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
 import sys
+import traceback
 
 ENTRY_POINT_GROUP = "realrl.plugins"
 
@@ -66,6 +69,56 @@ def load_attribute(spec: str) -> object:
     for part in attr.split("."):
         module = getattr(module, part)
     return module
+
+
+def failure_message(error: BaseException, source: str | None = None) -> str:
+    """Where a plugin failed to import, in one line: ``<file>, line <n>: <type>: <message>``. The
+    line is the one of ``source`` (the plugin's file) the error came from, else the deepest frame
+    of the imported code (a module the plugin imports); none for a module that is not found."""
+    what = f"{type(error).__name__}: {error}"
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}, line {error.lineno}: {type(error).__name__}: {error.msg}"
+    frames = traceback.extract_tb(error.__traceback__)
+    machinery = [i for i, f in enumerate(frames) if _is_import_machinery(f.filename)]
+    # the importing code's own frames come before the first import frame: not the plugin's
+    frames = [f for f in frames[machinery[0] if machinery else 0 :] if not _is_import_machinery(f.filename)]
+    own = [f for f in frames if source and os.path.abspath(f.filename) == os.path.abspath(source)]
+    where = (own or frames)[-1:] if frames else []
+    return f"{where[0].filename}, line {where[0].lineno}: {what}" if where else what
+
+
+def _is_import_machinery(filename: str) -> bool:
+    return filename.startswith("<frozen") or os.path.dirname(filename) == os.path.dirname(importlib.__file__)
+
+
+def missing_name_message(owner: object, name: str, where: str) -> str:
+    """``where`` has no ``name``: the message, with the closest public name ``owner`` has."""
+    public = [n for n in dir(owner) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=1)
+    return f"{where} has no {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+
+
+def module_exists(name: str) -> bool:
+    """Whether module ``name`` can be found, without executing it or the packages above it that
+    are not imported yet (their ``__init__`` may import heavy libraries). A namespace package
+    cannot be walked so: True (the import that runs the module tells)."""
+    parts = name.split(".")
+    known = next((i for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in sys.modules), 0)
+    if known == len(parts):
+        return True
+    if known:
+        spec = sys.modules[".".join(parts[:known])].__spec__
+    else:
+        spec, known = importlib.machinery.PathFinder.find_spec(parts[0]), 1
+    for depth in range(known, len(parts)):
+        locations = spec.submodule_search_locations if spec is not None else None
+        if not locations:
+            return False
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]), list(locations))
+        except KeyError:  # a namespace package's path needs its parent imported
+            return True
+    return spec is not None
 
 
 @functools.cache

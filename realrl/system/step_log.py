@@ -4,7 +4,8 @@ A record opens when the step's batch joins the graph (``{"step", "epoch", "timin
 collects what each finished call adds (``<mfc>/<stat>``, ``timing/<mfc>``, reallocations under
 ``realloc/<role>/...``, the parts' own keys: ``eval/*``, ``async/*``, ``dynamic_sampling/*``) and
 is written, in step order, once every call of its step is done: a line of ``stats.jsonl``, the
-decoded samples in ``samples.jsonl``, the ``on_step`` callback (progress bar, TensorBoard).
+decoded samples in ``samples.jsonl``, one short log line (the step's seconds and a few key
+figures), the ``on_step`` callback (progress bar, TensorBoard).
 The master and its parts write records only through this object.
 """
 
@@ -21,6 +22,8 @@ from realrl.base import logging
 from realrl.system.function_call import CallResult
 
 logger = logging.getLogger("master_worker")
+# the statistics a step's log line shows (the rest stays in stats.jsonl): rewards, KL, losses
+BRIEF_STATS = ("task_reward", "ref_kl", "loss", "accuracy")
 
 
 class StepLog:
@@ -28,6 +31,7 @@ class StepLog:
         self.on_step = on_step or (lambda record, total_steps: None)
         self.records: dict[int, dict] = {}  # open records, by 0-based step
         self.stats: list[dict] = []  # one finished record per step, in order
+        self.opened: dict[int, float] = {}  # when each open record's step began, by 0-based step
         self.stats_path = os.path.join(run_dir, "stats.jsonl")
         # a few decoded prompts, completions and rewards per step, one line per step
         self.samples_path = os.path.join(run_dir, "samples.jsonl")
@@ -37,6 +41,7 @@ class StepLog:
     def open(self, step: int, epoch: int) -> dict:
         """The record of ``step`` (0-based), whose batch comes from ``epoch`` (0-based)."""
         self.records[step] = {"step": step + 1, "epoch": epoch + 1, "timing": {}}
+        self.opened[step] = time.time()
         return self.records[step]
 
     def add(self, step: int, values: dict) -> None:
@@ -84,7 +89,8 @@ class StepLog:
         if samples:
             with open(self.samples_path, "a") as f:
                 f.write(json.dumps({"step": record["step"], SAMPLES_KEY: samples}) + "\n")
-        logger.info("step %d/%d done: %s", step + 1, total_steps, brief(record))
+        seconds = record["time"] - self.opened.pop(step, record["time"])
+        logger.info("step %d/%d done in %.2f s%s", step + 1, total_steps, seconds, brief(record))
         self.on_step(record, total_steps)
 
     def keep_until(self, steps_done: int) -> None:
@@ -103,5 +109,12 @@ class StepLog:
 
 
 def brief(record: dict) -> str:
-    """The float statistics of a record, for one log line."""
-    return ", ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, float) and "/" in k)
+    """A record's key figures for its one log line (``: key=value, ...``; empty when it has
+    none): the statistics named in ``BRIEF_STATS`` of every call (``actor_train/loss``,
+    ``compute_adv/task_reward``); the whole record is in ``stats.jsonl``."""
+    shown = [
+        f"{k}={v:.4g}"
+        for k, v in record.items()
+        if isinstance(v, float) and "/" in k and k.rsplit("/", 1)[1] in BRIEF_STATS
+    ]
+    return ": " + ", ".join(shown) if shown else ""

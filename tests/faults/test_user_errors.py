@@ -33,6 +33,7 @@ def fuzz(n: int) -> settings:
     return settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
+PLUGIN_FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugin_files")
 SLOW_S = 30  # no argv or data file takes longer (the toy task, made once, takes ~4 s; a hang would)
 
 
@@ -166,8 +167,12 @@ def test_fuzzed_options_are_taken_or_refused_by_name(workdir, name, data):
             "ppo.max_turns=3 takes turns",
         ),
         (
-            ["grpo", "actor.path={m}", "env=calc", "agent=a.py:run"],
+            ["grpo", "actor.path={m}", "env=calc", f"agent={PLUGIN_FILES}/plugins_ok.py:run"],
             "env and agent both produce the trajectories",
+        ),
+        (  # the missing file first, then what the experiment says of the options
+            ["grpo", "actor.path={m}", "env=calc", "agent=a.py:run"],
+            "agent='a.py:run': no such file 'a.py'",
         ),
         (["gen"], "model.path is required"),
         (["sft", "model.path={root}/nope"], "model.path='{root}/nope': no such folder"),
@@ -464,3 +469,87 @@ def test_an_environment_that_raises_stops_the_run_with_its_traceback_and_samples
     assert "EnvError" in out.stderr and "broken_env.Broken.step raised KeyError" in out.stderr
     assert "look_up_the_tool" in out.stderr  # the user's frames, not only realrl's
     assert re.search(r"samples \['[^']+/\d'\]", out.stderr), out.stderr[-3000:]  # the trajectory's sample
+
+
+# -- the user's plugins and layouts, refused before anything runs or is written --------------------
+
+EXAMPLES = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples"
+)
+SYNTAX_ERROR_ENV = """\"\"\"An environment with a missing colon on line 4.\"\"\"
+
+class Broken:
+    def step(self, completion)
+        return None, 0.0, True
+"""
+
+
+def assert_refused_up_front(out: subprocess.CompletedProcess, message: str, fileroot) -> None:
+    """One ``error:`` line with ``message``, exit 2, no worker started and nothing written."""
+    assert_one_error_line(out, message)
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
+    assert "model_worker" not in out.stderr
+    assert not os.path.exists(fileroot), sorted(os.listdir(fileroot))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("env={tmp}/broken_env.py:Broken", "{tmp}/broken_env.py, line 4: SyntaxError: expected ':'"),
+        ("env={examples}/envs/retry.py:Retyr", "retry.py has no 'Retyr'; did you mean 'Retry'?"),
+        ("reward_fn={plugins}/plugins_ok.py:scor", "plugins_ok.py has no 'scor'; did you mean 'score'?"),
+        (
+            "reward_fn={plugins}/fails_on_import.py:score",
+            "{plugins}/fails_on_import.py, line 4: NameError: name 'undefined_constant' is not defined",
+        ),
+        ("agent={plugins}/plugins_ok.py:rn", "did you mean 'run'?"),
+        (
+            "import_modules=[{tmp}/broken_env.py]",
+            "cannot import {tmp}/broken_env.py: {tmp}/broken_env.py, line 4: SyntaxError",
+        ),
+        ("reward_fn=json:dumpz", "reward_fn='json:dumpz': json has no 'dumpz'; did you mean 'dump'?"),
+        ("reward_fn=realrl.impl.no_such_module:f", "no module 'realrl.impl.no_such_module'"),
+    ],
+)
+def test_a_plugin_that_does_not_load_is_one_line_before_anything_runs(tmp_path, override, message):
+    """A plugin file with a syntax error, a misspelled class or function, a module that raises:
+    imported by the command line first, named with its file and line (or the closest name)."""
+    (tmp_path / "broken_env.py").write_text(SYNTAX_ERROR_ENV)
+    fileroot = tmp_path / "out"
+    values = {"tmp": tmp_path, "plugins": PLUGIN_FILES, "examples": EXAMPLES}
+    out = cli(
+        "grpo",
+        "task=arith",
+        override.format(**values),
+        f"fileroot={fileroot}",
+        "standby_workers=0",
+        timeout=60,
+    )
+    assert_refused_up_front(out, message.format(**values), fileroot)
+
+
+def test_a_missing_file_is_named_before_what_the_experiment_requires(tmp_path):
+    """``grpo`` on a data file that does not exist: the file, not "grpo needs a reward"."""
+    out = cli("grpo", f"dataset.path={tmp_path}/nope.jsonl", f"fileroot={tmp_path}/out", timeout=60)
+    assert_refused_up_front(out, f"dataset.path='{tmp_path}/nope.jsonl': no such file", tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("allocation_mode=d1m3p1", "tensor-parallel size m3 does not divide the model's 4 query heads"),
+        ("device=cuda", "device=cuda: no CUDA device is visible on this machine"),
+    ],
+)
+def test_a_refused_layout_or_device_writes_nothing(tmp_path, override, message):
+    """Refused for the first phase the run builds on, before the embedded task's files, a graph
+    picture or the summary process: the fileroot is never made."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, whatever the machine has
+    out = subprocess.run(
+        [sys.executable, "-m", "realrl.apps.quickstart", "ppo", override, f"fileroot={tmp_path}/out"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert_refused_up_front(out, message, tmp_path / "out")
