@@ -150,3 +150,7 @@ def test_a_sweep_of_two_tiny_runs_writes_two_trials_and_a_table(tmp_path):
     table = [line for line in out.stdout.splitlines() if line.startswith("| seed=")]
     assert [line.split("|")[1].strip() for line in table] == ["seed=1", "seed=2"]
     assert out.stdout.count("| trial | experiment | steps |") == 1
+    # output to a file: one short line a step (the whole record is in stats.jsonl), no bar frames
+    steps = [line for line in out.stderr.splitlines() if " done in " in line]
+    assert len(steps) == 2 and all(len(line) < 200 and "loss=" in line for line in steps), steps
+    assert "\r" not in out.stderr and "step/s" not in out.stderr

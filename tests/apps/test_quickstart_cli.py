@@ -295,3 +295,26 @@ def test_the_search_profiles_only_layouts_the_pre_run_check_accepts(tmp_path):
     assert str(placed.layouts["actor"]) == "d1m2p1" and str(placed.layouts["reward"]) == "d2m1p1"
     assert _runnable(exp, Layout(1, 2, 1), fallback)
     assert not _runnable(exp, Layout(1, 3, 1), fallback)
+
+
+def test_a_plugin_of_realrls_own_is_looked_up_without_importing_torch(tmp_path):
+    """``module:function`` naming a realrl module is found (or named missing) without running it:
+    the command line's process stays free of torch; a user's own file is imported."""
+    from test_lean_master import check, run_lean
+
+    out = check(
+        run_lean(
+            f"""
+            from realrl.apps.errors import UserError
+            from realrl.apps.quickstart import parse_command
+            base = ["grpo", "task=arith", "fileroot={tmp_path}/out"]
+            parse_command(base + ["reward_fn=realrl.impl.interface.reward_plugin:resolve_reward_fn"])
+            try:
+                parse_command(base + ["reward_fn=realrl.impl.interface.no_such:f"])
+            except UserError as e:
+                print(e)
+            """,
+            tmp_path,
+        )
+    )
+    assert "reward_fn='realrl.impl.interface.no_such:f': no module 'realrl.impl.interface.no_such'" in out
