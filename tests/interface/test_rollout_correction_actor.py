@@ -14,6 +14,7 @@ from realrl.api.core.config import ModelInterfaceAbstraction, ModelName
 from realrl.api.core.model_api import Model, make_interface
 from realrl.impl.interface.common import per_sequence_sample
 from realrl.impl.interface.ppo_actor import ROLLOUT_IS_WEIGHTS
+from realrl.impl.model.utils.rl_registry import policy_loss_names
 
 PROMPTS = ["w1 w2", "w3"]
 GEN = {"max_new_tokens": 6, "min_new_tokens": 2, "top_p": 1.0, "top_k": 0, "n": 4}
@@ -160,3 +161,18 @@ def test_the_cli_accepts_the_options(tmp_path):
     assert [r.option for r in corr.rejection_rules()] == ["token_k1", "seq_mean_k3"]
     with pytest.raises(UserError, match="rollout_is='tokens'"):
         build_config("grpo", [f"fileroot={tmp_path}", "ppo.rollout_correction.rollout_is=tokens"])
+
+
+@pytest.mark.parametrize("policy_loss", policy_loss_names())
+def test_every_registered_policy_loss_takes_the_correction(tokenizer, policy_loss):
+    """The weights and the rejection enter beside the loss, so every loss trains with them."""
+    actor = make_model(tokenizer)
+    corr = dict(rollout_is="sequence", rollout_rs="token_k2", rollout_rs_threshold=0.5)
+    opts = {"policy_loss_options": {"dro_beta": 0.05}} if policy_loss == "dro" else {}
+    a = iface("ppo_actor", policy_loss=policy_loss, rollout_correction=corr, **opts)
+    data, _, log_ratio = batch(tokenizer, actor, a, iface("ppo_advantages"), DELTAS)
+    mask = data.data["ppo_loss_mask"].clone()
+    stats = a.train_step(actor, data)
+    assert math.isfinite(stats["loss"]) and stats["n_updates"] == 1.0
+    assert torch.equal(data.data["ppo_loss_mask"].bool(), mask & (log_ratio.abs() < 1.0))
+    assert stats["rollout_corr/rollout_is_mean"] > 0
