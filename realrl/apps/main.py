@@ -100,7 +100,7 @@ def run_experiment(
         nr_cfg = NameResolveConfig("ray", namespace=f"realrl/{config.experiment_name}/{config.trial_name}")
         host = ray.util.get_node_ip_address()
     try:
-        placed, backend, gpus_per_worker = _devices(config, mode)
+        placed, backend, gpus_per_worker = worker_devices(config, mode)
         devices.check_shared_gpus(placed, backend, sharded_layouts(config))
     except ValueError as e:  # more workers than GPUs without colocate=true, and such
         raise UserError(str(e)) from e
@@ -203,7 +203,7 @@ def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
         loop.default_exception_handler(context)
 
 
-def _devices(config: ExperimentConfig, mode: str) -> tuple[list[str], str, float]:
+def worker_devices(config: ExperimentConfig, mode: str) -> tuple[list[str], str, float]:
     """Each worker's device, the process groups' backend and (Ray) the GPUs each actor asks for."""
     n = config.n_model_workers
     if not devices.is_cuda(config.device):

@@ -18,7 +18,7 @@ from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.apps.configs import build_config
 from realrl.apps.errors import UserError, data_error_message, one_line
 from realrl.apps.feasibility import check_feasible, sharded_layouts
-from realrl.apps.main import ExperimentFailedError, _devices, run_experiment
+from realrl.apps.main import ExperimentFailedError, run_experiment, worker_devices
 from realrl.apps.preflight import check_paths
 from realrl.apps.summarize import EvaluationProcess, can_hand_over
 from realrl.base import logging, stats
@@ -168,7 +168,7 @@ def feasible_experiment(cfg: CommonExperimentConfig) -> ExperimentConfig:
     exp = cfg.initial_setup()
     check_feasible(exp, fallback=task_model_config(cfg))
     if cfg.mode == "local":  # the GPUs its workers get (a Ray cluster's are known once joined)
-        placed, backend, _ = _devices(exp, "local")
+        placed, backend, _ = worker_devices(exp, "local")
         devices.check_shared_gpus(placed, backend, sharded_layouts(exp))
     return exp
 
