@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -59,6 +60,7 @@ class RunMonitor:
         self.progress = progress  # label -> the keys it shows, the first present in a record
         self.writer: stats.StatsWriter | None = None
         self.bar = None
+        self.hidden = None  # where the bar draws when stderr is no terminal: nowhere
 
     def __call__(self, record: dict, total_steps: int) -> None:
         from tqdm import tqdm
@@ -66,10 +68,15 @@ class RunMonitor:
         if self.writer is None:  # at the first record: importing TensorBoard delays no worker
             self.writer = stats.StatsWriter(self.run_dir, wandb_project=self.wandb_project)
         if self.bar is None:
-            # disable=None: no bar when stderr is not a terminal (a file, a pipe): the step's log
-            # line says it there, without a bar frame between every two lines
+            # no bar frames when stderr is not a terminal (a file, a pipe): the step's log line
+            # says it there; the bar still counts the steps
+            self.hidden = None if sys.stderr.isatty() else open(os.devnull, "w")  # noqa: SIM115
             self.bar = tqdm(
-                total=total_steps, initial=record["step"] - 1, unit="step", dynamic_ncols=True, disable=None
+                total=total_steps,
+                initial=record["step"] - 1,
+                unit="step",
+                dynamic_ncols=True,
+                file=self.hidden or sys.stderr,
             )
         shown = {"epoch": record.get("epoch")}
         for label, keys in self.progress.items():
@@ -84,6 +91,8 @@ class RunMonitor:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.hidden is not None:
+            self.hidden.close()
         if self.writer is not None:
             self.writer.close()
 

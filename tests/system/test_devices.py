@@ -170,7 +170,7 @@ def test_control_reductions_go_through_host_memory_even_beside_nccl():
 
 
 def test_nccl_is_bound_to_the_worker_s_gpu_at_start_up_only_with_nccl():
-    from realrl.system.model_worker import nccl_device
+    from realrl.system.model_worker_setup import nccl_device
 
     assert nccl_device("cuda:3", GLOO_AND_NCCL) == torch.device("cuda", 3)
     assert nccl_device("cuda:0", GLOO) is None  # GPUs shared over gloo
