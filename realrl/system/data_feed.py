@@ -54,10 +54,6 @@ class DataFeed:
         """What a recover point after ``steps_done`` steps keeps of the feed."""
         return {"position": self.positions.get(steps_done - 1, steps_done)}
 
-    def forget_before(self, step: int) -> None:
-        for s in [s for s in self.positions if s < step]:
-            del self.positions[s]
-
     # -- fetching ---------------------------------------------------------------------------------
 
     def post(self, step: int) -> tuple[int, dict[int, asyncio.Future]]:
