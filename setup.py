@@ -33,6 +33,7 @@ setup(
         "test": [
             "pytest>=7.4",
             "pytest-timeout>=2.2",
+            "pytest-xdist>=3.5",  # the suite runs in two processes: its tests mostly wait on start-ups
             "hypothesis>=6.90",
             "ruff>=0.5",
             "trl>=1.16",

@@ -6,12 +6,14 @@ import realrl.impl.builtin  # noqa: F401  (every implementation registered, as i
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    """GPU tests skip without a device; under pytest-xdist every test on the shared Ray cluster
+    runs in one worker (``--dist loadgroup``), so a parallel run still starts one cluster."""
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if skip_gpu is not None and "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")
