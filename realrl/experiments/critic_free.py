@@ -37,11 +37,15 @@ def critic_free_experiment(name: str, class_name: str, summary: str) -> type[GRP
 
 
 RLOOConfig = critic_free_experiment(
-    "rloo", "RLOOConfig", "RLOO: leave-one-out baseline over each prompt's answers"
+    "rloo",
+    "RLOOConfig",
+    "RLOO: GRPO's graph, an answer's baseline the mean score of its prompt's others.",
 )
 ReinforcePPConfig = critic_free_experiment(
-    "reinforce_pp", "ReinforcePPConfig", "REINFORCE++: per-token KL in the reward, batch-whitened returns"
+    "reinforce_pp",
+    "ReinforcePPConfig",
+    "REINFORCE++: GRPO's graph, per-token KL in the reward, returns whitened over the batch.",
 )
 ReMaxConfig = critic_free_experiment(
-    "remax", "ReMaxConfig", "ReMax: the greedy answer's score as each prompt's baseline"
+    "remax", "ReMaxConfig", "ReMax: GRPO's graph, the greedy answer's score as each prompt's baseline."
 )

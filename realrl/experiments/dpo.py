@@ -22,6 +22,8 @@ from realrl.experiments.datasets import PairedComparisonDatasetConfig
 
 @dataclasses.dataclass
 class DPOConfig(CommonExperimentConfig):
+    SUMMARY = "DPO: the policy trained on preference pairs against a frozen reference."
+
     actor: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
     ref: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
     dataset: PairedComparisonDatasetConfig = dataclasses.field(default_factory=PairedComparisonDatasetConfig)

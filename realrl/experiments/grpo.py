@@ -31,6 +31,8 @@ def critic_free_checks(config: PPOConfig) -> None:
 
 @dataclasses.dataclass
 class GRPOConfig(PPOConfig):
+    SUMMARY = "GRPO: PPO without a critic, advantages normalised over each prompt's K answers."
+
     ppo: PPOHyperparameters = dataclasses.field(default_factory=grpo_hyperparameters)
     reward_fn: str | None = None  # the sentiment task sets toy_sentiment, the arithmetic task math_answer
 

@@ -76,6 +76,8 @@ class AsyncRLConfig:
 
 @dataclasses.dataclass
 class PPOConfig(CommonExperimentConfig):
+    SUMMARY = "PPO with a critic, a frozen reference, and a reward model or reward function."
+
     actor: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
     critic: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
     ref: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)

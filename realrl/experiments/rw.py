@@ -16,6 +16,8 @@ from realrl.experiments.datasets import PairedComparisonDatasetConfig
 
 @dataclasses.dataclass
 class RWConfig(CommonExperimentConfig):
+    SUMMARY = "Reward modeling (DeepSpeed-Chat's phase 2): a scalar head on preference pairs."
+
     model: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
     dataset: PairedComparisonDatasetConfig = dataclasses.field(default_factory=PairedComparisonDatasetConfig)
     center_rewards_coefficient: float | None = None  # TRL's option: + coef * mean((r_c + r_r)^2)

@@ -15,6 +15,8 @@ from realrl.experiments.datasets import PromptAnswerDatasetConfig
 
 @dataclasses.dataclass
 class SFTConfig(CommonExperimentConfig):
+    SUMMARY = "Supervised fine-tuning (DeepSpeed-Chat's phase 1): trains on prompt and answer."
+
     model: ModelTrainEvalConfig = dataclasses.field(default_factory=ModelTrainEvalConfig)
     dataset: PromptAnswerDatasetConfig = dataclasses.field(default_factory=PromptAnswerDatasetConfig)
     tokenizer_path: str | None = None  # default: model.path

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from realrl.api.core.devices import visible_gpu_count
 
@@ -19,32 +19,50 @@ def check_choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{where}={value!r} is not allowed; choose one of {list(allowed)}")
 
 
+def _option(default: Any, help: str) -> Any:
+    """A field whose ``help`` sentence the command line's ``--help`` prints (``default``: a value,
+    or a factory such as ``list``)."""
+    if callable(default):
+        return dataclasses.field(default_factory=default, metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclasses.dataclass
 class PlanSearchOptions:
     """``allocation_mode=search`` and ``python -m realrl.apps.search``: the devices a plan is for
     and how the plans are searched (docs/plan_search.md)."""
 
-    n_nodes: int = 1
-    # devices per node; None: this machine's GPUs, or on a CPU machine its cores (a worker each)
-    n_gpus_per_node: int | None = None
-    device_memory_gb: float | None = None  # None: 80 on GPUs, not checked on CPU workers
-    seed: int = 1
-    iterations: int = 3000  # Metropolis proposals when the space is too large to try every plan
-    time_limit_s: float | None = None  # stops the search early (its result then depends on speed)
-    top: int = 10  # plans printed
-    # where call costs come from: "profile" (short runs on this machine, cached) or "paper" (FLOPs
-    # and bytes on `hardware`: plans for a cluster this machine is not)
-    costs: str = "profile"
-    hardware: str = "h100"  # costs=paper: the device kind (realrl/apps/plan_search/paper_costs.py)
-    interpolate: bool = True  # a new batch shape: interpolate from two measured ones within reach
-    contention: bool = True  # measure how workers computing side by side slow each other (1 run)
-    compare: list[str] = dataclasses.field(default_factory=list)  # allocation_modes scored beside
-    # costs=profile: the best plans (distinct predictions) also run briefly; the fastest measured
-    # is chosen (0: the best predicted)
-    verify: int = 3
-    # costs=profile: measure every cost again, replacing the cached profile (after the machine's
-    # speed changed: the search says so when the plans it runs all miss their predictions one way)
-    reprofile: bool = False
+    n_nodes: int = _option(1, "Nodes the plan is for.")
+    n_gpus_per_node: int | None = _option(
+        None, "Devices per node; null counts this machine's GPUs, or on a CPU machine its cores."
+    )
+    device_memory_gb: float | None = _option(
+        None, "Memory per device in GiB; null is 80 on GPUs and unchecked on CPU workers."
+    )
+    seed: int = _option(1, "Seed of the Metropolis search.")
+    iterations: int = _option(3000, "Metropolis proposals when the space is too large to try every plan.")
+    time_limit_s: float | None = _option(
+        None, "Seconds after which the search stops early (its result then depends on speed)."
+    )
+    top: int = _option(10, "Plans printed, best first.")
+    costs: str = _option(
+        "profile",
+        "Where call costs come from: profile (short runs here, cached) or paper (FLOPs on hardware).",
+    )
+    hardware: str = _option(
+        "h100", "The device kind costs=paper prices, as named in realrl/apps/plan_search/paper_costs.py."
+    )
+    interpolate: bool = _option(
+        True, "A new batch shape is interpolated from two measured ones within reach."
+    )
+    contention: bool = _option(True, "Measure once how workers computing side by side slow each other.")
+    compare: list[str] = _option(list, "Allocation modes scored beside the plans searched.")
+    verify: int = _option(
+        3, "With costs=profile, the best N plans also run briefly and the fastest measured wins (0: none)."
+    )
+    reprofile: bool = _option(
+        False, "With costs=profile, measure every cost again instead of reading the cached profile."
+    )
 
     def __post_init__(self) -> None:
         if self.costs not in ("profile", "paper"):
@@ -98,7 +116,7 @@ class CommonExperimentConfig:
     keys, or ``*`` patterns, each plot draws) and ``PROGRESS`` (the progress bar's fields: label ->
     keys, the first present in a step's record is shown)."""
 
-    SUMMARY: ClassVar[str] = ""  # one line for --help (default: the first line of its module's docstring)
+    SUMMARY: ClassVar[str] = ""  # one sentence for --help (default: the first sentence of its docstring)
     CURVES: ClassVar[dict[str, list[str]]] = {}
     PROGRESS: ClassVar[dict[str, tuple[str, ...]]] = {}
 
