@@ -30,6 +30,9 @@ class Recipe:
     checkpoints: dict[str, str] = dataclasses.field(default_factory=dict)
     # (run config) -> figures for summary.json, measured on the task's held-out data
     summarize: Callable[[Any], dict[str, Any]] | None = None
+    # config key of ``checkpoints`` -> the role whose final checkpoint it reads (default "default",
+    # the one model of SFT and reward modelling; an RL phase's policy is "actor")
+    roles: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +79,8 @@ class EmbeddedTask:
         """The trial name of every run of this task and seed, so later phases find earlier ones."""
         return f"{self.label}-seed{seed}"
 
-    def checkpoint(self, fileroot: str, experiment: str, seed: int) -> str:
-        return final_checkpoint(fileroot, experiment, self.trial(seed), "default")
+    def checkpoint(self, fileroot: str, experiment: str, seed: int, role: str = "default") -> str:
+        return final_checkpoint(fileroot, experiment, self.trial(seed), role)
 
     def overrides(self, experiment: str, fileroot: str, seed: int) -> list[str]:
         """The recipe as key=value options: preset, then its files and earlier phases' checkpoints."""
@@ -89,7 +92,12 @@ class EmbeddedTask:
         recipe = self.recipe(experiment)
         files = self.paths(self.data_dir(fileroot, seed))
         out = {key: files[name] for key, name in recipe.files.items()}
-        out.update({key: self.checkpoint(fileroot, phase, seed) for key, phase in recipe.checkpoints.items()})
+        out.update(
+            {
+                key: self.checkpoint(fileroot, phase, seed, recipe.roles.get(key, "default"))
+                for key, phase in recipe.checkpoints.items()
+            }
+        )
         return out
 
 

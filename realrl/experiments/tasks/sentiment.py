@@ -54,6 +54,8 @@ DPO_PRESET = ONE_THREAD + (
     "dataset.max_pairs_per_prompt=1",
 )
 MAX_NEW_TOKENS = 13  # 11 words, '.', EOS
+# the distillation teacher: twice the toy model's width, 3.97x its parameters (626k vs 158k)
+TEACHER_SHAPE = ("model_shape.hidden_dim=128", "model_shape.intermediate_dim=576")
 
 
 def gen_preset(max_new_tokens: int) -> tuple[str, ...]:
@@ -137,6 +139,28 @@ def summarize_policy(cfg: Any, task: str = "sentiment", density: bool = False) -
     }
 
 
+def summarize_distillation(cfg: Any, task: str = "sentiment", density: bool = False) -> dict[str, Any]:
+    """``summarize_policy`` of the distilled student, and the teacher's held-out true reward and
+    the student's exact reverse KL to it (before: the SFT policy's), summed per answer."""
+    from realrl.experiments.toy_eval import evaluate_policy, true_reward_scorer
+
+    out = summarize_policy(cfg, task, density)
+    run = before_after(get_task(task), cfg)
+    gconfig = dataclasses.replace(cfg.ppo.gen, n=1)
+    common = (run.files["tokenizer"], run.files["ppo_valid"], gconfig, true_reward_scorer(density))
+    n, teacher = cfg.toy_eval_prompts, cfg.teacher.path
+    teacher_eval = evaluate_policy(teacher, None, *common, n, seed=cfg.seed)
+    before = evaluate_policy(run.before, teacher, *common, n, seed=cfg.seed)
+    after = evaluate_policy(run.after, teacher, *common, n, seed=cfg.seed)
+    out.update(
+        teacher_true_reward_mean=teacher_eval.reward_mean,
+        teacher_true_reward_std=teacher_eval.reward_std,
+        sft_kl_to_teacher=before.kl,
+        kl_to_teacher=after.kl,
+    )
+    return out
+
+
 RL_FILES = {"dataset.path": "ppo_train", "dataset.valid_path": "ppo_valid", "tokenizer_path": "tokenizer"}
 PAIR_FILES = {
     "dataset.train_path": "rm_train",
@@ -175,6 +199,16 @@ def toy_task(
         {"actor.path": "sft"},
         summarize=summarize,
     )
+    # on-policy distillation (``opd``) from a teacher 4x the student's size, trained by GRPO first
+    teacher_sft = sft_recipe(SFT_PRESET + TEACHER_SHAPE)
+    teacher_rl = dataclasses.replace(group, checkpoints={"actor.path": "opd_teacher_sft"}, summarize=None)
+    distill = Recipe(
+        group_preset(max_new_tokens, reward_fn, rl_steps, updates),  # the reward is only watched
+        RL_FILES,
+        {"actor.path": "sft", "teacher.path": "opd_teacher"},
+        summarize=functools.partial(summarize_distillation, task=name, density=density),
+        roles={"teacher.path": "actor"},
+    )
     return EmbeddedTask(
         name=name,
         label=label,
@@ -201,6 +235,9 @@ def toy_task(
             "rloo": group,
             "reinforce_pp": group,
             "remax": group,
+            "opd_teacher_sft": teacher_sft,
+            "opd_teacher": teacher_rl,
+            "opd": distill,
         },
         data_label=data_label,
     )
