@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 
 from realrl.api.core.dfg import build_graph, draw_graph, graph_to_dot
+from realrl.apps.help_text import plain
 from realrl.experiments.ppo_graph import PPO_DATASET_KEYS, ppo_mfcs
 
 GRAPHS = {"ppo": (lambda n: ppo_mfcs(n), PPO_DATASET_KEYS)}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m realrl.apps.graph", description=plain(__doc__))
     parser.add_argument("experiment", choices=sorted(GRAPHS))
     parser.add_argument("--n-seqs", type=int, default=8, help="samples per model function call")
     parser.add_argument("--out", help="write the graph here (.dot or .png)")

@@ -88,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(__doc__.strip(), file=sys.stdout if argv else sys.stderr)
+        from realrl.apps.help_text import command_help
+
+        usage = "usage: python -m realrl.apps.plan <experiment> [key=value ...] [device_memory_gb=80] [n_devices=8]"
+        print(command_help(usage, __doc__), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     try:
         print(plan(argv))

@@ -144,7 +144,7 @@ def parse_command(argv: list[str]) -> Command:
         return _sweep(name, overrides, config_file, flags.cfg)
     node, user = config_node(name, overrides, config_file)
     if flags.help:
-        return Command(name, text=experiment_help(name, OmegaConf.to_yaml(node)))
+        return Command(name, text=experiment_help(name, node))
     if flags.cfg:
         to_object(node, user)
         return Command(name, text=OmegaConf.to_yaml(node))
@@ -206,57 +206,55 @@ def _split_flags(args: list[str]) -> tuple[list[str], Flags]:
     return overrides, flags
 
 
-def experiment_help(name: str, options: str) -> str:
-    return "\n".join(
-        [
-            f"usage: python -m realrl.apps.quickstart {name} [key=value ...] [--cfg job] [--multirun]",
-            "           [--config-path DIR --config-name NAME]",
-            "",
-            "Every option, with its value for these arguments (set any with key=value, or in a YAML",
-            "file with --config-path/--config-name; hydra's +key=value adds a key to a dict option",
-            "such as manual):",
-            "",
-            options,
-        ]
-    )
+def experiment_help(name: str, node: Any) -> str:
+    """``<experiment> --help``: its summary, then every option it reads with its value for these
+    arguments (the groups it never reads, such as a critic-free experiment's ``critic``, left out)."""
+    from omegaconf import OmegaConf
 
+    from realrl.apps.help_text import experiment_summary, unread_groups
 
-def _is_group(field: dataclasses.Field) -> bool:
-    """A nested dataclass option group such as ``actor`` or ``ppo``."""
-    return field.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
-        field.default_factory()
-    )
+    cls = get_quickstart_exp(name)
+    unread = sorted(unread_groups(cls))
+    options = OmegaConf.to_container(node, resolve=False)
+    lines = [
+        f"usage: python -m realrl.apps.quickstart {name} [key=value ...] [--cfg job] [--multirun]",
+        "           [--config-path DIR --config-name NAME]",
+        "",
+        experiment_summary(cls),
+        "",
+        "Every option, with its value for these arguments, follows; set any with key=value on the command line.",
+        "A YAML file read with --config-path DIR --config-name NAME sets them too.",
+        "Hydra's +key=value adds a key to a dict option such as manual.",
+    ]
+    if unread:
+        lines.append(f"Left out: {', '.join(unread)}, which {name} never reads.")
+    shown = {k: v for k, v in options.items() if k not in unread}
+    return "\n".join([*lines, "", OmegaConf.to_yaml(shown)])
 
 
 def usage() -> str:
+    """The command's help: its flags, then the experiments, tasks and presets it knows
+    (``realrl.apps.help_text``: from the registries it reads)."""
+    from realrl.apps.help_text import experiments_section, presets_section, tasks_section
+
     lines = [
         "usage: python -m realrl.apps.quickstart <experiment> [key=value ...] [--cfg job] [--help]",
         "           [--config-path DIR --config-name NAME] [--multirun]",
         "",
-        "experiments:",
-    ]
-    for name in quickstart_experiments():
-        cls = get_quickstart_exp(name)
-        groups = [f.name for f in dataclasses.fields(cls) if _is_group(f)]
-        doc = cls.SUMMARY or (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        lines.append(f"  {name:<12} {doc}")
-        lines.append(f"               groups: {', '.join(groups)}")
-    lines += [
+        *experiments_section(),
         "",
-        "With no dataset path, an experiment runs on the embedded toy task (and runs the phases it",
-        "needs first). 'python -m realrl.apps.quickstart <experiment> --help' lists every option;",
-        "'--cfg job' prints the resolved config. ppo_preset=<name> applies a preset (real,",
-        "lm_human_preferences, grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, remax); task=arith runs",
-        "on the embedded arithmetic task instead of the default sentiment one, task=sentiment_long on",
-        "sentiment with long answers of varied length (generation-heavy, for asynchronous RL),",
-        "task=sentiment_moe on sentiment with a Mixture-of-Experts model (4 experts, top-2).",
+        *tasks_section(),
         "",
-        "--config-path DIR --config-name NAME  read DIR/NAME.yaml (the experiment's keys, nested, with a",
-        "                                      defaults: list); key=value on the command line beats it",
-        "--multirun (-m)                       sweep: seed=1,2 'ppo.kl_ctl=0.05,0.1' runs every combination",
-        "                                      in turn, each in a trial folder named after its values, and",
-        "                                      prints a table of their summaries; quote a value with a",
-        "                                      comma that is not a sweep: 'allocation_mode=\"actor:d2,*:d1\"'",
+        *presets_section(),
+        "",
+        "flags:",
+        "  --help                                Every option of the experiment, with its value.",
+        "  --cfg job                             Print the resolved config and run nothing.",
+        "  --config-path DIR --config-name NAME  Read DIR/NAME.yaml; key=value on the command line beats it.",
+        "  --multirun (-m)                       Run every combination of seed=1,2 'ppo.kl_ctl=0.05,0.1' in turn.",
+        "                                        Each run writes a trial folder named after its values.",
+        "                                        A table of their summaries follows the last run.",
+        "                                        Quote a value with a comma that is no sweep: 'manual=\"a,b\"'.",
     ]
     return "\n".join(lines)
 

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         argv = [order["configs"], str(order["index"])]
         secret_hex = order["secret"]
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m realrl.apps.remote", description=__doc__)
     parser.add_argument("configs", help="the ModelWorkerConfig list the launcher wrote (JSON)")
     parser.add_argument("index", type=int)
     args = parser.parse_args(argv)

@@ -1,14 +1,13 @@
-"""``python -m realrl.apps.search <experiment> key=value ... n_nodes=N n_gpus_per_node=G``.
+"""``python -m realrl.apps.search <experiment> key=value ... search.n_nodes=N search.n_gpus_per_node=G``.
 
-Finds the execution plan (a placement for every model function call) with the shortest step:
-profiles each call in each layout it may get (short runs, cached:
+Finds the execution plan (a placement for every model function call) with the shortest step.
+It profiles each call in each layout it may get (short runs, cached:
 ``realrl.apps.plan_search.profiles``), replays the graph under every plan with the master's rules
-(``realrl.apps.plan_search.simulator``), and prints the plans best first, each as an
+(``realrl.apps.plan_search.simulator``), and prints the plans best first. Each plan is an
 ``allocation_mode`` to paste, with its predicted step time, per-call and reallocation seconds and
-peak memory per device, then the plans rejected and why. On a CPU machine ``n_gpus_per_node``
-counts model workers (default: its cores). ``allocation_mode=search`` on any experiment does the
-same and then runs the best plan. Other options: ``device_memory_gb``, ``seed``, ``iterations``,
-``time_limit_s``, ``top`` (or their ``search.*`` names). Exit status 2 with one ``error:`` line
+peak memory per device; the plans rejected follow, each with why. On a CPU machine
+``search.n_gpus_per_node`` counts model workers (default: its cores). ``allocation_mode=search`` on
+any experiment does the same and then runs the best plan. Exit status 2 with one ``error:`` line
 for a wrong option or when no plan is feasible.
 
 This module reads the options and prints the result; the search itself is the package
@@ -17,35 +16,33 @@ This module reads the options and prints the result; the search itself is the pa
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
+from realrl.api.quickstart.base import PlanSearchOptions
 from realrl.apps.errors import EXIT_USER_ERROR, UserError, one_line
 from realrl.apps.plan_search.choose import distinct, n_workers, search_plan
 from realrl.apps.plan_search.search import Candidate, NoFeasiblePlan, SearchResult
 
 GiB = 1024**3
-SEARCH_KEYS = (
-    "n_nodes",
-    "n_gpus_per_node",
-    "device_memory_gb",
-    "seed",
-    "iterations",
-    "time_limit_s",
-    "top",
-    "costs",
-    "hardware",
-    "interpolate",
-    "contention",
-    "compare",
-)
+# the short names this command reads as search.<name> (n_nodes=2 is search.n_nodes=2)
+SEARCH_KEYS = tuple(f.name for f in dataclasses.fields(PlanSearchOptions))
+USAGE = "usage: python -m realrl.apps.search <experiment> [search.<option>=value ...] [key=value ...]"
 
 
 def format_result(
-    name: str, workers: int, result: SearchResult, top: int, measured: dict[str, float] | None = None
+    name: str,
+    workers: int,
+    result: SearchResult,
+    top: int,
+    measured: dict[str, float] | None = None,
+    skipped: str | None = None,
 ) -> str:
-    """The plans best predicted first (``measured``: the s/step of those run briefly)."""
+    """The plans best predicted first (``measured``: the s/step of those run briefly;
+    ``skipped``: the line saying what the time limit left undone, printed last)."""
     measured = measured or {}
     how = "every plan" if result.exhaustive else "a Metropolis search"
+    how += ", stopped at the time limit" if result.stopped else ""
     lines = [
         f"{name} on {workers} workers: {result.evaluated} plans tried ({how}, {result.seconds:.1f} s), "
         f"{len(result.ranked)} feasible, best first",
@@ -72,6 +69,8 @@ def format_result(
         lines.append(f"rejected: {len(result.rejected)} plans")
         for mode, why in result.rejected[:top]:
             lines.append(f"  {mode}: {why}")
+    if skipped:
+        lines.append(skipped)
     return "\n".join(lines)
 
 
@@ -95,7 +94,7 @@ def command_line(argv: list[str]) -> int:
     from realrl.apps.configs import build_config, register_everything
 
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(__doc__)
+        print(search_help())
         return 0
     name, overrides = argv[0], [_search_key(a) for a in argv[1:]]
     try:
@@ -105,8 +104,26 @@ def command_line(argv: list[str]) -> int:
     except (UserError, NoFeasiblePlan, ValueError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return EXIT_USER_ERROR
-    print(format_result(name, n_workers(cfg), found.result, cfg.search.top, found.measured))
+    print(format_result(name, n_workers(cfg), found.result, cfg.search.top, found.measured, found.skipped))
     return 0
+
+
+def search_help() -> str:
+    """``--help``: the usage line, what the command does, then every option of
+    ``PlanSearchOptions`` by its ``search.`` name, with its default and meaning."""
+    from realrl.apps.help_text import command_help, dataclass_options
+
+    return "\n".join(
+        [
+            command_help(USAGE, __doc__.split("\n\nThis module")[0]),
+            "",
+            "options (the short name works too: n_nodes=2 is search.n_nodes=2):",
+            *dataclass_options(PlanSearchOptions, "search"),
+            "",
+            "Every other key=value is an option of the experiment.",
+            "python -m realrl.apps.quickstart <experiment> --help lists them.",
+        ]
+    )
 
 
 def _search_key(arg: str) -> str:

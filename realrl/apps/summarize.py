@@ -110,6 +110,15 @@ class EvaluationProcess:
 
 
 def main() -> None:
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        from realrl.apps.help_text import command_help
+
+        print(
+            command_help(
+                "usage: python -m realrl.apps.summarize < request (the quickstart command starts it)", __doc__
+            )
+        )
+        return
     import realrl.experiments.toy_eval  # noqa: F401  (torch, the implementations: what evaluating loads)
     from realrl.base import plugins
     from realrl.experiments.tasks import get_task
