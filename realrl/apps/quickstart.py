@@ -254,7 +254,7 @@ def usage() -> str:
         "  --multirun (-m)                       Run every combination of seed=1,2 'ppo.kl_ctl=0.05,0.1' in turn.",
         "                                        Each run writes a trial folder named after its values.",
         "                                        A table of their summaries follows the last run.",
-        "                                        Quote a value with a comma that is no sweep: 'manual=\"a,b\"'.",
+        "                                        Quote a comma that is no sweep: 'allocation_mode=\"actor:d2,*:d1\"'.",
     ]
     return "\n".join(lines)
 
