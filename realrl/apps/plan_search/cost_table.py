@@ -143,15 +143,17 @@ class Point:
 
 @dataclasses.dataclass
 class Profile:
-    """The measured shapes (``points``), the moves' bandwidth, each model's bytes per move, and
-    the contention between workers computing side by side (None: not measured yet) with the plan
-    whose run measured it."""
+    """The measured shapes (``points``), the moves' bandwidth, each model's bytes per move, the
+    contention between workers computing side by side (None: not measured yet) with the plan
+    whose run measured it, and a short run's wall seconds on this machine (the median of the
+    last search's runs: what the next search's plan of work estimates its runs at)."""
 
     points: list[Point] = dataclasses.field(default_factory=list)
     bandwidth: float | None = None
     model_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
     contention: float | None = None
     contention_plan: str | None = None  # the plan whose run measured it
+    run_seconds: float | None = None  # a short run's wall seconds (None: none timed yet)
 
     def point(self, shape: Shape) -> Point:
         """The point measured at ``shape`` (a new, empty one added if none is)."""
@@ -198,6 +200,7 @@ class Profile:
             "model_bytes": self.model_bytes,
             "contention": self.contention,
             "contention_plan": self.contention_plan,
+            "run_seconds": self.run_seconds,
         }
 
     @classmethod
@@ -205,7 +208,12 @@ class Profile:
         points = [Point.from_json(p) for p in raw.get("points", [])]
         model_bytes = {k: float(v) for k, v in raw.get("model_bytes", {}).items()}
         return cls(
-            points, raw.get("bandwidth"), model_bytes, raw.get("contention"), raw.get("contention_plan")
+            points,
+            raw.get("bandwidth"),
+            model_bytes,
+            raw.get("contention"),
+            raw.get("contention_plan"),
+            raw.get("run_seconds"),
         )
 
     def save(self, path: str, key: dict) -> None:

@@ -32,15 +32,14 @@ from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.apps.plan_search.cost_table import Profile, Shape, cache_path, load, profile_key, task_fallback
 from realrl.apps.plan_search.simulator import Costs, simulate
 from realrl.apps.plan_search.space import with_allocation
-from realrl.base import logging
-
-logger = logging.getLogger("profiles")
 
 PROFILE_STEPS = 8  # a short run: the medians of steps 3 .. 7 (the last one saves the model)
 WARMUP_STEPS = 2
 
 
-Runner = Callable[[CommonExperimentConfig], list[dict]]
+# runs one short experiment and returns its step records; None: it did not run (the search's
+# time limit left no room for it: ``budget.py``), and nothing is measured
+Runner = Callable[[CommonExperimentConfig], "list[dict] | None"]
 
 
 def profile(
@@ -57,20 +56,18 @@ def profile(
     neither measured there nor can interpolate (``interpolate``: from two other shapes within
     reach), and the bandwidth run on 2+ workers when it has none; ``fresh``: an empty table
     instead of the cached one, which it replaces. ``run(config)``: runs one short experiment and
-    returns its step records. Returns the table, its file and the runs it took."""
+    returns its step records (None: not run; that layout stays uncosted). Returns the table, its
+    file and the runs it took."""
     key = profile_key(name, exp, cfg)
     path = cache_path(cfg.fileroot, key)
     table = Profile() if fresh else load(path)
     shape = Shape.of(exp)
     ran = []
-    for layout in layouts:
-        text = str(layout)
-        measured = text in table.point(shape).scale
-        if measured or (interpolate and table.covers(shape, text)):
-            continue
-        logger.info("profiling every call of %s in layout %s (%d steps)", name, text, PROFILE_STEPS)
+    for text in missing_layouts(table, shape, layouts, interpolate):
         placed = with_allocation(exp, text)  # a call that sees the whole batch stays on one worker
         records = run(_short(cfg, text, f"profile-{text}"))
+        if records is None:
+            continue
         graph = {m.name for m in exp.mfcs}  # "eval" and the like are no calls of the graph
         here = table.point(shape)
         for mfc, seconds in call_seconds(records).items():
@@ -80,29 +77,50 @@ def profile(
         here.scale[text] = step_gap(records) / simulate(placed, unscaled).step_seconds
         ran.append(text)
     table.points = [p for p in table.points if p.scale or p.measured]
-    mover = _moved_call(exp)
-    if table.bandwidth is None and n_workers >= 2 and mover is not None:
-        mode = f"{mover.name}:d1m1p1@1,*:d1m1p1"
-        logger.info("profiling a reallocation of %s (%s)", mover.role, mode)
+    mode = move_mode(exp, table, n_workers)
+    if mode is not None:
+        mover = _moved_call(exp)
         records = run(_short(cfg, mode, "profile-move"))
-        table.bandwidth, moved = move_rate(records, mover.role)
-        table.model_bytes = _model_bytes(exp, cfg, mover.role, moved)
-        ran.append(mode)
+        if records is not None:
+            table.bandwidth, moved = move_rate(records, mover.role)
+            table.model_bytes = _model_bytes(exp, cfg, mover.role, moved)
+            ran.append(mode)
     if ran:
         table.save(path, key)
     return table, path, ran
 
 
+def missing_layouts(table: Profile, shape: Shape, layouts: list[Layout], interpolate: bool) -> list[str]:
+    """The layouts ``table`` neither measured at ``shape`` nor can interpolate there: to profile."""
+    return [
+        str(lay)
+        for lay in layouts
+        if str(lay) not in table.point(shape).scale and not (interpolate and table.covers(shape, str(lay)))
+    ]
+
+
+def move_mode(exp: ExperimentConfig, table: Profile, n_workers: int) -> str | None:
+    """The plan whose run measures a move of weights, when ``table`` has no bandwidth yet."""
+    mover = _moved_call(exp)
+    if table.bandwidth is not None or n_workers < 2 or mover is None:
+        return None
+    return f"{mover.name}:d1m1p1@1,*:d1m1p1"
+
+
 def calibrate_contention(
     cfg: CommonExperimentConfig, exp: ExperimentConfig, table: Profile, path: str, mode: str, run: Runner
-) -> float:
+) -> float | None:
     """Run ``mode`` (a plan whose calls overlap on disjoint workers) briefly and find the
-    contention at which the simulator replays its measured step; stored in the table at ``path``."""
+    contention at which the simulator replays its measured step; stored in the table at ``path``
+    (None: ``run`` did not run it)."""
     placed = with_allocation(exp, mode)
     costs = table.costs(Shape.of(exp))
     if simulate(placed, costs).overlap == 0.0:
         raise ValueError(f"nothing overlaps in {mode}: it cannot measure the contention between workers")
-    measured = step_gap(run(_short(cfg, mode, "profile-contention")))
+    records = run(_short(cfg, mode, "profile-contention"))
+    if records is None:
+        return None
+    measured = step_gap(records)
 
     def predicted(c: float) -> float:
         return simulate(placed, dataclasses.replace(costs, contention=c)).step_seconds
@@ -134,17 +152,21 @@ def measure_plans(
     run: Runner,
 ) -> tuple[dict[str, float], list[str]]:
     """Each of ``modes``' step seconds in a short run at ``cfg``'s shape (cached in the table):
-    the search's best predictions checked before one is chosen. Returns them and the modes run."""
+    the search's best predictions checked before one is chosen. Returns them (those ``run`` did
+    not run left out) and the modes run."""
     here = table.point(Shape.of(exp))
     ran = []
     for mode in modes:
         if mode not in here.measured:
-            here.measured[mode] = step_gap(run(_short(cfg, mode, f"verify-{mode}")))
+            records = run(_short(cfg, mode, f"verify-{mode}"))
+            if records is None:
+                continue
+            here.measured[mode] = step_gap(records)
             ran.append(mode)
     if ran:
         with open(path) as f:
             table.save(path, json.load(f)["key"])
-    return {m: here.measured[m] for m in modes}, ran
+    return {m: here.measured[m] for m in modes if m in here.measured}, ran
 
 
 STALE = 0.15  # plans run briefly all this far off their predictions, one way: the costs look stale
@@ -171,6 +193,19 @@ def _short(cfg: CommonExperimentConfig, allocation_mode: str, trial: str) -> Com
     return dataclasses.replace(
         cfg, allocation_mode=allocation_mode, exp_ctrl=ctrl, experiment_name=name, trial_name=trial
     )
+
+
+def describe(cfg: CommonExperimentConfig) -> str:
+    """What a short run made by ``_short`` is for, in words: its progress lines name it so."""
+    kind, _, rest = cfg.trial_name.partition("-")
+    mode = cfg.allocation_mode
+    if kind == "verify":
+        return f"verification run of {mode}"
+    if rest == "move":
+        return f"move profile ({mode}: a move of weights)"
+    if rest == "contention":
+        return f"contention profile ({mode}: calls side by side)"
+    return f"profile of layout {mode}"
 
 
 def call_seconds(records: list[dict]) -> dict[str, float]:

@@ -48,6 +48,10 @@ class SearchResult:
     # plans asked for by name (e.g. hand-made ones), scored with the same costs: a candidate, or
     # why it was rejected
     compared: dict[str, Candidate | str] = dataclasses.field(default_factory=dict)
+    stopped: bool = False  # the time limit ended it (the best of the plans scored by then)
+
+
+EXHAUSTIVE_LIMIT = 20_000  # a space of at most this many plans is searched by simulating every one
 
 
 class NoFeasiblePlan(ValueError):
@@ -61,19 +65,27 @@ def search(
     memory: Callable[[ExperimentConfig], int] | None = None,
     limit_bytes: int | None = None,
     seed: int = 1,
-    exhaustive_limit: int = 20_000,
+    exhaustive_limit: int = EXHAUSTIVE_LIMIT,
     iterations: int = 3_000,
     time_limit: float | None = None,
     temperature: float = 0.05,
     steps: int = 16,
     per_node: int | None = None,
     compare: Sequence[str] = (),
+    costed_only: bool = False,
 ) -> SearchResult:
     """The plans of ``exp`` on ``n_workers`` workers (``per_node`` in each node), best (shortest
     simulated step) first. ``memory(plan's config)``: its largest worker's peak bytes, checked
-    against ``limit_bytes``. ``compare``: ``allocation_mode`` strings scored beside the search."""
+    against ``limit_bytes``. ``compare``: ``allocation_mode`` strings scored beside the search.
+    ``costed_only``: each call only in the layouts ``costs`` has (profiles the time limit left
+    out are then no plans, rather than plans rejected for want of a cost)."""
     start = time.monotonic()
     options = [_admissible(exp, m, call_options(m, n_workers, per_node), memory) for m in exp.mfcs]
+    if costed_only:
+        options = [
+            [p for p in o if (m.name, str(p.layout)) in costs.calls] or o
+            for m, o in zip(exp.mfcs, options, strict=True)
+        ]
     scored: dict[str, Candidate | None] = {}
     rejected: dict[str, str] = {}
 
@@ -122,17 +134,19 @@ def search(
         return scored[mode]
 
     size = math.prod(len(o) for o in options)
-    exhaustive = size <= exhaustive_limit
+    exhaustive, stopped = size <= exhaustive_limit, False
     if exhaustive:
         found = False
         for choice in itertools.product(*options):
             if found and time_limit is not None and time.monotonic() - start > time_limit:
-                exhaustive = False  # stopped at the limit: the best of the plans scored so far
+                exhaustive, stopped = False, True  # the best of the plans scored by the limit
                 break
             found = score(choice) is not None or found
     else:
         starts = [c for mode in compare if (c := _choice(exp, mode, options)) is not None]
-        _metropolis(options, energy, random.Random(seed), iterations, time_limit, start, temperature, starts)
+        stopped = _metropolis(
+            options, energy, random.Random(seed), iterations, time_limit, start, temperature, starts
+        )
     ranked = sorted((c for c in scored.values() if c is not None), key=lambda c: c.simulation.step_seconds)
     evaluated, refusals = len(scored), sorted(rejected.items())
     compared: dict[str, Candidate | str] = {}
@@ -146,7 +160,8 @@ def search(
             f"no plan of {exp.experiment_name!r} on {n_workers} workers is feasible ({len(rejected)} "
             f"rejected; e.g. {reasons})"
         )
-    return SearchResult(ranked, refusals, evaluated, exhaustive, time.monotonic() - start, compared)
+    seconds = time.monotonic() - start
+    return SearchResult(ranked, refusals, evaluated, exhaustive, seconds, compared, stopped)
 
 
 def _admissible(
@@ -193,19 +208,19 @@ def _metropolis(
     start: float,
     temperature: float,
     starts: Sequence[tuple[Placement, ...]] = (),
-) -> None:
+) -> bool:
     """Walk the space from the plan of least energy among the one-layout plans and ``starts``
     (the scoring records every plan it sees): proposals change one call's placement; a lower
     energy is always taken, a higher one with probability exp(-(e_new - e_old) / (temperature *
-    e_old))."""
+    e_old)). Returns whether the time limit stopped it."""
     first = [tuple(p if p in o else o[0] for o in options) for p in options[0]]
     begun = [(e, choice) for choice in [*first, *starts] if (e := energy(choice)) is not None]
     if not begun:
-        return
+        return False
     current_e, current = min(begun, key=lambda ec: ec[0])
     for _ in range(iterations):
         if time_limit is not None and time.monotonic() - start > time_limit:
-            return
+            return True
         i = rng.randrange(len(options))
         proposal = list(current)
         proposal[i] = rng.choice(options[i])
@@ -214,3 +229,4 @@ def _metropolis(
             continue
         if e <= current_e or rng.random() < math.exp(-(e - current_e) / (temperature * current_e)):
             current_e, current = e, tuple(proposal)
+    return False
