@@ -22,6 +22,7 @@ from realrl.experiments.common import (
     mfc,
     ref_is_actor_base,
     reference_on_actor,
+    task_model_config,
 )
 from realrl.experiments.datasets import PromptOnlyDatasetConfig
 from realrl.experiments.ppo_graph import PPOInterfaces, ppo_mfcs
@@ -30,6 +31,7 @@ from realrl.impl.interface.ppo_keys import (
     eval_inputs,
     score_keys,
 )
+from realrl.impl.interface.router_replay import check_router_replay
 
 
 @dataclasses.dataclass
@@ -298,9 +300,11 @@ class PPOConfig(CommonExperimentConfig):
                 ],
                 eval_batch_size=self.eval_prompts,
             )
-        return experiment_config(
+        exp = experiment_config(
             self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer, **evaluation, **extra
         )
+        check_router_replay(hp, exp, task_model_config(self))  # a dense or pipelined actor
+        return exp
 
     def resolved_ppo(self) -> PPOHyperparameters:
         """``ppo`` with ``decoupled_loss`` decided: on under asynchronous RL unless set."""

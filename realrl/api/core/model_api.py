@@ -160,6 +160,9 @@ class GenerationHyperparameters:
     # how decoding steps run: auto (CUDA graphs on a GPU, else eager) | eager | static (fixed
     # shapes without graphs: the graphs' logic, anywhere) | cuda_graph
     decoding: str = "auto"
+    # also return each token's routed experts (a Mixture-of-Experts model; router replay), which
+    # decodes eagerly
+    record_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.decoding not in DECODING_MODES:
@@ -201,6 +204,9 @@ class GenerationOutput:
     # bool [sum L] or None: True on tokens after the prompt that the policy did not sample (a
     # multi-turn trajectory's observations); None: every token after the prompt is the model's
     env_mask: torch.Tensor | None = None
+    # int [sum L, sparse blocks, top_k] or None: the experts each token was routed to while
+    # decoding (``record_experts``); -1 rows for tokens no decoder ran (an answer's last token)
+    routed_experts: torch.Tensor | None = None
 
     def prompt_mask(self) -> torch.Tensor:
         """bool [sum L]: True on every token the policy did not sample (the ``prompt_mask`` key):

@@ -59,6 +59,7 @@ from realrl.impl.interface.ppo_rollout import (
 )
 from realrl.impl.interface.ppo_updates import run_epochs
 from realrl.impl.interface.rollout_correction import RolloutCorrectionConfig
+from realrl.impl.interface.router_replay import check_replay_options, require_recorded, without_routing
 from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.utils import ppo_functional as F
 from realrl.impl.model.utils.policy_losses import (
@@ -131,6 +132,7 @@ class PPOActorInterface(ModelInterface):
                 "ppo.rollout_correction.bypass_mode keeps the decoder's log-probs as the old policy; "
                 "ppo.recompute_logprobs=true replaces them with the trainer's: choose one"
             )
+        check_replay_options(self.hp, multi_turn=self.env is not None or self.agent is not None)
         if self.env is None and self.hp.max_turns > 1:
             raise ValueError(
                 f"ppo.max_turns={self.hp.max_turns} needs env=<an environment>: it takes turns with one"
@@ -214,6 +216,7 @@ class PPOActorInterface(ModelInterface):
         """The rollout keys of a generation; ``versions``: the policy version that sampled each
         answer's first token, its ``behav_version`` (with partial rollouts the oldest of its
         tokens: the bound applies to it)."""
+        require_recorded(self.hp, gen)
         truncate_id = self._truncate_id(model)
         if truncate_id is not None:
             gen = truncate_generation(gen, truncate_id, self.hp.truncate_after)
@@ -242,6 +245,7 @@ class PPOActorInterface(ModelInterface):
         ("The N Implementation Details of RLHF with PPO", policy detail 1); 0 at prompt targets, where
         no loss or KL penalty reads them."""
         require_keys(data, (INPUT_KEY,), "ppo_actor.inference")
+        data = without_routing(data)  # the reference routes by itself
         logp = self._logprobs(model, data, mb_spec or MicroBatchSpec())
         return token_minus_one_sample(data, "packed_ref_logprobs", logp)
 

@@ -116,6 +116,9 @@ class PPOHyperparameters:
     # rollout correction is (outside its bypass_mode). The correction: rollout_correction.py
     recompute_logprobs: bool = False
     rollout_correction: RolloutCorrectionConfig = dataclasses.field(default_factory=RolloutCorrectionConfig)
+    # R3 router replay (a Mixture-of-Experts actor): the decoder records each token's experts and
+    # the actor's forwards of the batch route there (router_replay.py); sets gen.record_experts
+    router_replay: bool = False
     # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)
     loss_agg_mode: str = "token-mean"
     loss_norm_const: float | None = None  # seq-mean-token-sum-norm's divisor; default gen.max_new_tokens
@@ -134,6 +137,8 @@ class PPOHyperparameters:
             self.policy_loss_options = PolicyLossOptions(**self.policy_loss_options)
         if isinstance(self.rollout_correction, dict):
             self.rollout_correction = RolloutCorrectionConfig(**self.rollout_correction)
+        if self.router_replay and not self.gen.record_experts:
+            self.gen = dataclasses.replace(self.gen, record_experts=True)
         if self.top_p is not None or self.top_k is not None:
             self.gen = dataclasses.replace(
                 self.gen,

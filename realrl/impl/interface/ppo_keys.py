@@ -28,6 +28,9 @@ CRITIC_TRAIN_KEYS = ("packed_input_ids", "old_values", "returns", "ppo_loss_mask
 # the version of the policy an answer was sampled with (training steps behind it): generation
 # writes it and the actor's update reads it when the decoupled objective is on
 BEHAV_VERSION = "behav_version"
+# router replay (``ppo.router_replay``, a Mixture-of-Experts actor): each token's experts as the
+# decoder routed it, written by generation and read by the actor's update (router_replay.py)
+ROUTED_EXPERTS = "routed_experts"
 
 
 def score_keys(reward_call: bool, env: bool) -> tuple[str, ...]:
@@ -38,8 +41,13 @@ def score_keys(reward_call: bool, env: bool) -> tuple[str, ...]:
     return keys
 
 
+def _replayed(hp: PPOHyperparameters) -> tuple[str, ...]:
+    return (ROUTED_EXPERTS,) if hp.router_replay else ()
+
+
 def rollout_keys(hp: PPOHyperparameters, env: bool = False) -> tuple[str, ...]:
-    return ROLLOUT_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ()) + (("env_rewards",) if env else ())
+    versions = (BEHAV_VERSION,) if hp.decoupled_loss else ()
+    return ROLLOUT_KEYS + versions + (("env_rewards",) if env else ()) + _replayed(hp)
 
 
 def eval_inputs(scores: tuple[str, ...] = ("rewards",)) -> tuple[str, ...]:
@@ -48,7 +56,7 @@ def eval_inputs(scores: tuple[str, ...] = ("rewards",)) -> tuple[str, ...]:
 
 
 def actor_train_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
-    return ACTOR_TRAIN_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ())
+    return ACTOR_TRAIN_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ()) + _replayed(hp)
 
 
 def advantage_outputs(hp: PPOHyperparameters) -> tuple[str, ...]:

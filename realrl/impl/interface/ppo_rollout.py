@@ -15,9 +15,9 @@ import torch
 
 from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_api import GenerationOutput
-from realrl.impl.interface.common import INPUT_KEY, per_sequence_sample
+from realrl.impl.interface.common import INPUT_KEY, per_sequence_sample, token_sample
 from realrl.impl.interface.ppo_config import PPOHyperparameters
-from realrl.impl.interface.ppo_keys import BEHAV_VERSION, ROLLOUT_KEYS, SCORE_KEYS
+from realrl.impl.interface.ppo_keys import BEHAV_VERSION, ROLLOUT_KEYS, ROUTED_EXPERTS, SCORE_KEYS
 from realrl.impl.model.utils import ppo_functional as F
 
 
@@ -57,12 +57,13 @@ def resolve_token_id(tokenizer: Any, token: int | str | None, what: str) -> int 
 def truncate_generation(gen: GenerationOutput, token_id: int, after: int) -> GenerationOutput:
     """PPO detail 5, "token truncation": cut each response just after the first
     ``token_id`` at response position >= ``after``; a cut response counts as ended (no_eos 0)."""
-    seqs, lps, envs, lens, no_eos = [], [], [], [], gen.no_eos.clone()
+    seqs, lps, envs, lens, no_eos, routed = [], [], [], [], gen.no_eos.clone(), []
     env_mask = gen.env_mask if gen.env_mask is not None else torch.zeros_like(gen.sequences, dtype=torch.bool)
     off_t = off_l = 0
     for i, (L, p) in enumerate(zip(gen.seqlens, gen.prompt_lens)):
         s, lp = gen.sequences[off_t : off_t + L], gen.logprobs[off_l : off_l + L - 1]
         env = env_mask[off_t : off_t + L]
+        start = off_t
         off_t, off_l = off_t + L, off_l + L - 1
         hits = ((s[p + after :] == token_id) & ~env[p + after :]).nonzero()  # the model's tokens only
         if hits.numel():
@@ -73,6 +74,8 @@ def truncate_generation(gen: GenerationOutput, token_id: int, after: int) -> Gen
         lps.append(lp)
         envs.append(env)
         lens.append(L)
+        if gen.routed_experts is not None:  # a cut answer's last token was fed: its record stays
+            routed.append(gen.routed_experts[start : start + L])
     return GenerationOutput(
         sequences=torch.cat(seqs),
         seqlens=lens,
@@ -80,6 +83,7 @@ def truncate_generation(gen: GenerationOutput, token_id: int, after: int) -> Gen
         logprobs=torch.cat(lps),
         no_eos=no_eos,
         env_mask=torch.cat(envs) if gen.env_mask is not None else None,
+        routed_experts=torch.cat(routed) if routed else None,
     )
 
 
@@ -90,7 +94,7 @@ def rollout_sample(data: SequenceSample, gen: GenerationOutput) -> SequenceSampl
         raise ValueError(f"generation returned {len(gen.seqlens)} sequences for {n_prompts} prompts")
     n = len(gen.seqlens) // n_prompts
     rows = [gen.seqlens[i * n : (i + 1) * n] for i in range(n_prompts)]
-    return SequenceSample(
+    out = SequenceSample(
         keys=set(ROLLOUT_KEYS),
         trailing_shapes={k: () for k in ROLLOUT_KEYS},
         dtypes={
@@ -114,6 +118,9 @@ def rollout_sample(data: SequenceSample, gen: GenerationOutput) -> SequenceSampl
         },
         metadata={k: list(v) for k, v in data.metadata.items()},
     )
+    if gen.routed_experts is not None:  # router replay: the experts the decoder routed each token to
+        out.update_(token_sample(out, ROUTED_EXPERTS, gen.routed_experts))
+    return out
 
 
 def _responses_missing_truncation(data: SequenceSample, token_id: int, after: int) -> torch.Tensor:

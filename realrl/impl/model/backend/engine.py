@@ -11,6 +11,8 @@ tokens only. A module whose ``packed_forward_options`` names ``output_index`` (R
 the index itself and skips the work nobody reads; any other module runs in full and is indexed
 afterwards. One naming ``prefix_groups`` is told which sequences form one sample (a pair, K
 answers to one prompt) and computes the prefix they share once (``EngineConfig.share_prefixes``).
+A micro-batch holding ``routed_experts`` (router replay: the experts generation recorded for each
+token) is handed to a module naming that option, which routes its tokens to them.
 A module whose ``generate_options`` names ``prompt_keys`` (ReaLModel) is given each prompt's
 sampling key, a function of (one base seed per generate call, the sample id, the prompt's index in
 its sample): sampled answers then do not depend on how the batch is split, ordered or spread over
@@ -39,6 +41,7 @@ from realrl.impl.model.backend.checkpoint import save_module_weights
 from realrl.impl.model.backend.config import EngineConfig
 from realrl.impl.model.backend.generation_session import GenerationSession, concat_generation_outputs
 from realrl.impl.model.backend.pipeline_engine import PipelineRun
+from realrl.impl.model.nn.router_replay import ROUTED_KEY
 from realrl.impl.model.nn.sampling import derive_keys, random_keys
 from realrl.impl.model.parallel.fsdp import gathered, is_fsdp, settle_root
 from realrl.impl.model.parallel.mesh import ParallelContext
@@ -226,6 +229,10 @@ class InferenceEngine:
             groups = [len(lens) for lens in mb.seqlens[key]]
             if len(groups) < sum(groups):  # some sample holds several sequences
                 kwargs["prefix_groups"] = groups
+        if ROUTED_KEY in mb.keys:  # router replay: the experts generation recorded, per token
+            if "routed_experts" not in options:
+                raise ValueError(f"{type(self.module).__name__} cannot replay the batch's {ROUTED_KEY!r}")
+            kwargs["routed_experts"] = mb.data[ROUTED_KEY]
         with self._autocast():
             out = self.module(input_ids, cu_seqlens, **kwargs)
         return out if index is None or "output_index" in kwargs else out[index]

@@ -26,6 +26,9 @@ def concat_generation_outputs(outs: list[GenerationOutput]) -> GenerationOutput:
         prompt_lens=[x for o in outs for x in o.prompt_lens],
         logprobs=torch.cat([o.logprobs for o in outs]),
         no_eos=torch.cat([o.no_eos for o in outs]),
+        routed_experts=None
+        if any(o.routed_experts is None for o in outs)
+        else torch.cat([o.routed_experts for o in outs]),
     )
 
 

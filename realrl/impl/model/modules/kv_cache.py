@@ -21,6 +21,7 @@ from realrl.impl.model.modules.shared_prefix import SharedPrefixes
 
 if TYPE_CHECKING:
     from realrl.impl.model.nn.moe_stats import RouterLog
+    from realrl.impl.model.nn.router_replay import ExpertRouting
 
 
 class KVCache:
@@ -126,6 +127,7 @@ class PackedContext:
     weight_cache: kernels.DecodeWeights | None = None  # prepared projection weights (decoding only)
     shared: SharedPrefixes | None = None
     router_log: RouterLog | None = None  # where sparse blocks record routing (a training forward)
+    routing: ExpertRouting | None = None  # experts to replay or record (nn/router_replay.py)
 
     def __post_init__(self) -> None:
         if self.shared is not None and self.cache is not None:
@@ -175,6 +177,7 @@ class DecodeContext:
     max_len: int  # max(lens) + 1: how far into the cache any row reaches
     weight_cache: kernels.DecodeWeights | None = None  # prepared once per generate call
     impl: str = "sdpa"  # the model's attention backend: cpu_varlen reads the cache in place
+    routing: ExpertRouting | None = None  # where the step's experts are recorded (router replay)
 
     def __post_init__(self) -> None:
         rows = torch.arange(self.lens.shape[0], device=self.lens.device)

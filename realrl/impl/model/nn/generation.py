@@ -25,6 +25,7 @@ from realrl.base import logging
 from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.attention import activation_dtype
 from realrl.impl.model.modules.kv_cache import DecodeContext, KVCache, decode_attention_kernels
+from realrl.impl.model.nn.router_replay import ExpertRouting, free_rows
 from realrl.impl.model.nn.sampling import answer_keys, eos_tensor, next_tokens, random_keys
 from realrl.impl.model.nn.static_decode import DecodeTrace, StaticDecoder, cache_capacity
 from realrl.impl.model.nn.transformer_block import linear
@@ -69,7 +70,8 @@ def _generate(
     cfg, device, n = model.config, input_ids.device, g.n
     eos, ctx, lens_t, keys, dtype = _prepare(model, input_ids, cu_seqlens, g, eos_token_id, prompt_keys)
     prompt_lens = ctx.meta.seqlens
-    mode = decoding_mode(model, g, device)
+    # the fixed-shape steps keep no record of the experts: recording decodes eagerly
+    mode = "eager" if records_experts(model, g) else decoding_mode(model, g, device)
     if mode == "eager":
         return _eager_decode(model, input_ids, ctx, lens_t, keys, g, eos, dtype)
     n_seqs = len(prompt_lens) * n
@@ -126,6 +128,16 @@ def _prepare(model, input_ids, cu_seqlens, g, eos_token_id, prompt_keys) -> tupl
     keys = answer_keys(prompt_keys.to(device), n)  # row of the cache -> its sequence's key
     dtype = activation_dtype(model.dtype, device)  # bf16 under autocast with fp32 weights
     return eos, ctx, torch.tensor(prompt_lens, device=device), keys, dtype
+
+
+def records_experts(model, g: GenerationHyperparameters) -> bool:
+    """Whether this call returns each token's routed experts (asked for, and a sparse model)."""
+    return g.record_experts and bool(model.config.moe_layers)
+
+
+def recorder(model, g: GenerationHyperparameters) -> ExpertRouting | None:
+    """A fresh record of one forward's experts, or None when the call records none."""
+    return ExpertRouting(model.config.moe_layers, record=True) if records_experts(model, g) else None
 
 
 def decoding_mode(model, g: GenerationHyperparameters, device: torch.device) -> str:
@@ -251,6 +263,7 @@ class EagerDecoding:
         self.cache = KVCache(
             cfg.n_layers, n_prompts, model.local_kv_heads, self.capacity, cfg.head_dim, dtype, device
         )
+        ctx.routing = recorder(model, g)
         logits = _prefill(model, input_ids, ctx, lens_t, self.cache)
         self.cache.repeat_interleave(n)
         self.logits = logits.repeat_interleave(n, dim=0)
@@ -266,6 +279,14 @@ class EagerDecoding:
         self.gen_lens = torch.full((n_seqs,), max_new, dtype=torch.long, device=device)
         self.step = 0  # tokens every live row has sampled so far
         self.group = sampling_group(model)  # the tp ranks that take their first rank's tokens
+        # router replay: each answer's prompt experts and each answer token's (FREE until fed)
+        self.prompt_experts: list[torch.Tensor] | None = None
+        self.out_experts: torch.Tensor | None = None
+        if ctx.routing is not None:
+            prompt_experts = torch.split(ctx.routing.stacked(), self.prompt_lens)
+            self.prompt_experts = [prompt_experts[i // n] for i in range(n_seqs)]
+            layers, k = len(cfg.moe_layers), cfg.n_experts_per_tok
+            self.out_experts = free_rows(n_seqs * max_new, layers, k, device).view(n_seqs, max_new, layers, k)
 
     @property
     def n_live(self) -> int:
@@ -304,8 +325,11 @@ class EagerDecoding:
                         self.cache.select(keep)
                         self.max_len = int(self.lens.max())  # the longest row may have finished: attend less
                 ctx = DecodeContext(self.cache, self.lens, self.max_len + 1, self.weights, self.impl)
+                ctx.routing = recorder(model, g)
                 h = model.hidden_states(tokens, ctx)
                 self.logits = linear(h, self.weights, model.head)
+                if ctx.routing is not None:  # the experts of the tokens just fed (answer token `step`)
+                    self.out_experts[self.live, step] = ctx.routing.stacked()
                 self.lens = self.lens + 1
                 self.max_len += 1
         return self.n_live
@@ -323,11 +347,16 @@ class EagerDecoding:
         cu = torch.tensor([0, *lens], device=device).cumsum(0).int()
         packed = torch.cat(seqs)
         ctx = model.packed_context(packed, cu)
+        ctx.routing = recorder(model, self.g)
         self.cache = KVCache(
             cfg.n_layers, len(rows), model.local_kv_heads, self.capacity, cfg.head_dim, self.dtype, device
         )
         self.lens = torch.tensor(lens, device=device)
         self.logits = _prefill(model, packed, ctx, self.lens, self.cache)
+        if ctx.routing is not None:  # the cache now holds these routings: they are the record
+            for r, part in zip(rows, torch.split(ctx.routing.stacked(), lens)):
+                p = self.prompt_lens[r // self.g.n]
+                self.prompt_experts[r], self.out_experts[r, : self.step] = part[:p], part[p:]
         self.max_len = max(lens)
         self.impl = ctx.impl
         self.weights = DecodeWeights()  # the prepared projections were the old weights'
@@ -342,6 +371,8 @@ class EagerDecoding:
             self.out_logp,
             self.gen_lens,
             self.eos,
+            self.prompt_experts,
+            self.out_experts,
         )
 
     def token_versions(self) -> torch.Tensor:
@@ -355,8 +386,11 @@ class EagerDecoding:
         return torch.cat(out)
 
 
-def _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos) -> GenerationOutput:
-    """Prompt-major packed sequences and log-probs aligned like ``packed_logprobs``."""
+def _assemble(
+    input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos, prompt_experts=None, out_experts=None
+) -> GenerationOutput:
+    """Prompt-major packed sequences and log-probs aligned like ``packed_logprobs``; with the
+    recorded experts (per answer: its prompt's, its tokens'), their rows aligned with the tokens."""
     device = input_ids.device
     prompts = torch.split(input_ids, prompt_lens)
     gl = gen_lens.tolist()
@@ -379,4 +413,7 @@ def _assemble(input_ids, prompt_lens, n, out_tokens, out_logp, gen_lens, eos) ->
         prompt_lens=plens,
         logprobs=torch.cat(logps),
         no_eos=~has_eos,
+        routed_experts=None
+        if out_experts is None
+        else torch.cat([t for i, L in enumerate(gl) for t in (prompt_experts[i], out_experts[i, :L])]),
     )

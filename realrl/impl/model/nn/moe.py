@@ -61,6 +61,7 @@ from torch import nn
 from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.modules.mlp import MLP
 from realrl.impl.model.nn.moe_stats import RouterLog
+from realrl.impl.model.nn.router_replay import ExpertRouting, replay_choice
 from realrl.impl.model.parallel.dtensor import summand
 from realrl.impl.model.parallel.partial_sum import reduce_parts, summed_gradient
 
@@ -107,17 +108,34 @@ class MoE(nn.Module):
                 del self.experts[str(e)]
         self.held = held
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(probabilities fp32 [T, E], the top-k weights fp32 [T, k], the top-k experts [T, k])."""
+    def route(
+        self, x: torch.Tensor, replayed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(probabilities fp32 [T, E], the top-k weights fp32 [T, k], the top-k experts [T, k]).
+        ``replayed`` (long [T, k], ``nn/router_replay.py``): these experts instead of the top-k
+        (FREE rows keep theirs), weighted by the probabilities gathered there: differentiable."""
         probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if replayed is not None:
+            chosen = replay_choice(chosen, replayed)
+            weights = probs.gather(-1, chosen)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return probs, weights, chosen
 
-    def forward(self, x: torch.Tensor, router_log: RouterLog | None = None) -> torch.Tensor:
-        """[T, hidden] -> [T, hidden]; ``router_log``: where a training forward records routing."""
-        probs, weights, chosen = self.route(x)
+    def forward(
+        self,
+        x: torch.Tensor,
+        router_log: RouterLog | None = None,
+        routing: ExpertRouting | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden]; ``router_log``: where a training forward records routing;
+        ``routing``: the experts to replay and/or record for this block, sparse block ``layer``."""
+        replayed = None if routing is None else routing.replayed(layer)
+        probs, weights, chosen = self.route(x, replayed)
+        if routing is not None:
+            routing.record(layer, chosen)
         if router_log is not None:
             router_log.record(probs, chosen)
         group = None if self.split is None else self.split.group

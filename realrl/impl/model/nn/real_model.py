@@ -19,6 +19,7 @@ from realrl.impl.model.modules.norm import make_norm
 from realrl.impl.model.modules.rotary import RotaryEmbedding
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
 from realrl.impl.model.nn.moe_stats import RouterLog, attach_router_stats
+from realrl.impl.model.nn.router_replay import ExpertRouting
 from realrl.impl.model.nn.transformer_block import TransformerBlock
 
 CRITIC_HEAD_INITS = ("reward", "zeros")
@@ -69,7 +70,7 @@ def init_critic_head(head: nn.Linear, mode: str = "reward", generator: torch.Gen
 
 class ReaLModel(nn.Module):
     # forward() options the engines may pass: outputs at some tokens only; shared-prefix packing
-    packed_forward_options = ("output_index", "prefix_groups")
+    packed_forward_options = ("output_index", "prefix_groups", "routed_experts")
     # generate() options the engines may pass: per-prompt sampling keys (see nn/generation.py)
     generate_options = ("prompt_keys",)
 
@@ -167,9 +168,9 @@ class ReaLModel(nn.Module):
         else:  # in the projections' dtype: bf16 under autocast, where x stays fp32
             dtype = activation_dtype(x.dtype, x.device)
             rope = self.rotary(ctx.positions, ctx.max_position, dtype)
-        # recording the routing of every token (the load-balancing loss reads them all), the last
-        # layer computes every row too
-        routed = getattr(ctx, "router_log", None) is not None
+        # recording the routing of every token (the load-balancing loss reads them all), or
+        # replaying every token's, the last layer computes every row too
+        routed = getattr(ctx, "router_log", None) is not None or getattr(ctx, "routing", None) is not None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, ctx, output_index if i == last and not routed else None)
@@ -222,6 +223,7 @@ class ReaLModel(nn.Module):
         cu_seqlens: torch.Tensor,
         output_index: torch.Tensor | None = None,
         prefix_groups: list[int] | None = None,
+        routed_experts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """logits [T, vocab] for an LM; values [T] for a critic. A Mixture-of-Experts model's
         output, in a forward that records gradients, also carries its routing statistics
@@ -233,12 +235,15 @@ class ReaLModel(nn.Module):
         policy loss only the answer). ``prefix_groups`` (how many consecutive sequences form each
         group, e.g. one sample's [chosen, rejected] or K answers): the prefix a group's sequences
         share is computed once (``modules/shared_prefix.py``); outputs are the same.
+        ``routed_experts`` (int [T, sparse blocks, top_k], a Mixture-of-Experts model): the experts
+        each token takes instead of routing again (router replay, ``nn/router_replay.py``).
         """
         if output_index is not None:
             output_index = output_index.to(device=input_ids.device, dtype=torch.long)
         ctx = self.packed_context(input_ids, cu_seqlens, prefix_groups)
         shared = ctx.shared
         ctx.router_log = self._router_log(ctx)
+        ctx.routing = self._replay(routed_experts, ctx, input_ids.shape[0])
         h = self.hidden_states(
             input_ids if shared is None else input_ids[shared.represent], ctx, output_index
         )
@@ -259,6 +264,21 @@ class ReaLModel(nn.Module):
         shared = ctx.shared  # a shared prefix's row stands for each sequence that shares it
         weights = None if shared is None else torch.bincount(shared.expand, minlength=shared.n_compressed)
         return RouterLog(self.config.n_experts, weights)
+
+    def _replay(self, routed: torch.Tensor | None, ctx: PackedContext, n_tokens: int) -> ExpertRouting | None:
+        """The experts to replay, one row per computed token (a shared prefix: its first
+        sequence's rows); None when none are given."""
+        if routed is None:
+            return None
+        if not self.config.moe_layers:
+            raise ValueError(
+                "routed_experts replays a Mixture-of-Experts model's routing; this model is dense"
+            )
+        if routed.shape[0] != n_tokens:
+            raise ValueError(f"routed_experts has {routed.shape[0]} rows for {n_tokens} tokens")
+        routed = routed.to(self.device)
+        rows = routed if ctx.shared is None else routed[ctx.shared.represent]
+        return ExpertRouting(self.config.moe_layers, rows)
 
     # ------------------------------------------------------------------ generation and HF I/O
 

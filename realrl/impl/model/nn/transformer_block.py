@@ -145,8 +145,9 @@ class TransformerBlock(nn.Module):
         attn = self.attn(self.attn_ln(x), rope, ctx, keep)
         x = (x if keep is None else ctx.rows(x, keep)) + self.resid_drop(attn)
         h, mlp = self.mlp_ln(x), self.mlp
-        if isinstance(mlp, MoE):  # a training forward's context carries where routing is recorded
-            return x + self.resid_drop(mlp(h, getattr(ctx, "router_log", None)))
+        if isinstance(mlp, MoE):  # the context carries where routing is recorded, or replayed from
+            routing, layer = getattr(ctx, "routing", None), self.attn.layer_idx
+            return x + self.resid_drop(mlp(h, getattr(ctx, "router_log", None), routing, layer))
         if mlp.gated:
             gate, up = gate_up(h, ctx.weight_cache, mlp)
             h = mlp.act(gate) * up
