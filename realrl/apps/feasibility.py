@@ -6,11 +6,15 @@ a layout). ``check_feasible`` raises a ``ValueError`` naming the option at fault
 It composes, in order: the config's own checks (the graph, the placements, the options:
 ``ExperimentConfig.validate``), whether each layout can split its model (``layout_fit``), and
 whether the memory plan fits the GPUs the workers run on. Whether the workers have GPUs enough
-(``devices.check_shared_gpus`` over ``sharded_layouts``) is the launcher's, once it knows them.
+is known once the machines are: ``local_devices`` answers it for this machine (the command line
+before the first phase starts, ``run_experiment`` in local mode), a Ray run once it joined its
+cluster. ``oversubscription`` says when the local workers outnumber this machine's CPU cores: they
+can still run, only slower, so the command line warns rather than refuses.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +38,41 @@ def check_feasible(
     check_layouts({r: ls[:1] for r, ls in layouts.items()}, split, _expert_parallel(config))
     check_layouts({r: ls[1:] for r, ls in layouts.items()}, split)
     _check_memory(config, device_bytes or _smallest_gpu_bytes(config), fallback)
+
+
+def local_devices(config: ExperimentConfig, n_gpus: int | None = None) -> list[str]:
+    """Each worker's device on this machine, once it has the GPUs they need: on CUDA one GPU per
+    worker, unless the config colocates them (``colocate=true``: workers share GPUs round-robin;
+    models that share workers in ``allocation_mode`` need no more workers, hence no more GPUs),
+    and no layout that shards a model on shared GPUs. ``n_gpus``: the GPUs visible here (None:
+    counted without importing torch, ``devices.visible_gpu_count``). A ``ValueError`` naming
+    both counts otherwise."""
+    if n_gpus is None:
+        n_gpus = devices.visible_gpu_count() if devices.is_cuda(config.device) else 0
+    placed = devices.local_devices(config.device, config.n_model_workers, n_gpus, config.colocate)
+    devices.check_shared_gpus(placed, devices.dist_backend(placed), sharded_layouts(config))
+    return placed
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def oversubscription(config: ExperimentConfig, cores: int | None = None) -> str | None:
+    """One line saying that ``config``'s workers outnumber ``cores`` (None: ``cpu_cores()``), run
+    on this machine: each is a process that computes, so they take turns on the cores and every
+    step runs slower than on fewer workers. None when they fit."""
+    cores = cpu_cores() if cores is None else cores
+    n = config.n_model_workers
+    if n <= cores:
+        return None
+    return (
+        f"{n} model workers on {cores} CPU core(s): they take turns on the cores and every step runs "
+        "slower; fewer workers (allocation_mode) or more cores run faster"
+    )
 
 
 def sharded_layouts(config: ExperimentConfig) -> list[str]:

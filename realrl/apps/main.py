@@ -28,7 +28,7 @@ from realrl.api.core import devices
 from realrl.api.core.layout import node_groups
 from realrl.api.core.system_api import ExperimentConfig, NameResolveConfig
 from realrl.apps.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, data_error_message, one_line
-from realrl.apps.feasibility import check_feasible, sharded_layouts
+from realrl.apps.feasibility import check_feasible, local_devices, sharded_layouts
 from realrl.apps.signals import exit_code, handlers_kept, interrupted_message, stop_on_signals
 from realrl.base import config_json, logging, network, plugins, private_files
 from realrl.base.name_resolve import NameRecordRepository
@@ -208,8 +208,8 @@ def worker_devices(config: ExperimentConfig, mode: str) -> tuple[list[str], str,
     n = config.n_model_workers
     if not devices.is_cuda(config.device):
         return [config.device] * n, devices.GLOO, 0.0
-    if mode == "local":
-        placed = devices.local_devices(config.device, n, devices.visible_gpu_count(), config.colocate)
+    if mode == "local":  # the command line checked the same before the first phase started
+        placed = local_devices(config)
         return placed, devices.dist_backend(placed), 0.0
     import ray
 

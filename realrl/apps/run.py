@@ -11,16 +11,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from realrl.api.core import devices
 from realrl.api.core.dfg import build_graph, draw_graph
 from realrl.api.core.model_api import SAMPLES_KEY
 from realrl.api.core.system_api import ExperimentConfig
 from realrl.api.quickstart.base import CommonExperimentConfig
 from realrl.apps.configs import build_config
 from realrl.apps.errors import UserError, data_error_message, one_line
-from realrl.apps.feasibility import check_feasible, sharded_layouts
-from realrl.apps.main import ExperimentFailedError, run_experiment, worker_devices
+from realrl.apps.feasibility import check_feasible, local_devices, oversubscription
+from realrl.apps.main import ExperimentFailedError, run_experiment
 from realrl.apps.preflight import check_paths
+from realrl.apps.run_records import set_aside
 from realrl.apps.summarize import EvaluationProcess, can_hand_over
 from realrl.base import logging, stats
 from realrl.experiments.common import task_model_config
@@ -133,6 +133,7 @@ def plan_phases(name: str, cfg: CommonExperimentConfig) -> list[Phase]:
     builds on), then ``cfg``'s own. Every phase's options, paths and runtime config are checked
     here (``check_paths``, then ``check_feasible``), before the first of them starts and before
     anything is written: a mistake is found in seconds, not after an SFT run, and leaves no file.
+    A phase whose workers outnumber this machine's CPU cores is then said in one warning line.
     On an embedded task, its files are written here once every phase passed (once per seed), and
     the phases whose checkpoints its recipe reads run first."""
     phases: list[Phase] = []
@@ -165,6 +166,7 @@ def plan_phases(name: str, cfg: CommonExperimentConfig) -> list[Phase]:
             task_files.setdefault(key, functools.partial(task.files, cfg.fileroot, cfg.seed))
 
     visit(name, cfg, "")
+    warn_oversubscribed(phases)
     for write in task_files.values():
         write()
     return phases
@@ -177,9 +179,34 @@ def feasible_experiment(cfg: CommonExperimentConfig) -> ExperimentConfig:
     exp = cfg.initial_setup()
     check_feasible(exp, fallback=task_model_config(cfg))
     if cfg.mode == "local":  # the GPUs its workers get (a Ray cluster's are known once joined)
-        placed, backend, _ = worker_devices(exp, "local")
-        devices.check_shared_gpus(placed, backend, sharded_layouts(exp))
+        local_devices(exp)
     return exp
+
+
+def warn_oversubscribed(phases: list[Phase]) -> None:
+    """One warning line when a local phase's workers outnumber the CPU cores (the phase with
+    the most workers): the run goes on, slower."""
+    local = [p for p in phases if p.config.mode == "local"]
+    if not local:
+        return
+    busiest = max(local, key=lambda p: p.experiment.n_model_workers)
+    note = oversubscription(busiest.experiment)
+    if note is not None:
+        logger.warning("%s (%s): %s", busiest.name, busiest.config.allocation_mode, note)
+
+
+def fresh_records(phase: Phase) -> None:
+    """A new run of ``phase`` keeps its records apart from an earlier run's in the same trial
+    folder (``realrl.apps.run_records``), said in one line; a resumed run continues its own."""
+    if phase.experiment.resume:
+        return
+    moved = set_aside(phase.config.run_dir, phase.config.fileroot)
+    if moved is not None:
+        logger.info(
+            "%s: the earlier run's records in this trial folder moved to %s (checkpoints stay in place)",
+            phase.name,
+            moved,
+        )
 
 
 def _option(cfg: Any, key: str) -> Any:
@@ -248,9 +275,11 @@ def run_quickstart(
     *before, phase = phases or plan_phases(name, cfg)
     for pre in before:
         logger.info("running the %s phase first (no checkpoint under %s)", pre.name, pre.config.run_dir)
+        fresh_records(pre)
         t = time.time()
         run_one(pre.config, standby, warm_next=True, exp=pre.experiment)
         seconds[pre.name] = round(time.time() - t, 2)
+    fresh_records(phase)  # before the evaluation's process opens its log there
     recipe = get_task(cfg.task).recipe(name) if cfg.task else None
     evaluation = None
     if recipe is not None and recipe.summarize is not None and can_hand_over(cfg):
