@@ -159,3 +159,28 @@ def test_a_dense_model_refuses_replayed_experts():
         dense(ids, cu, routed_experts=torch.zeros(7, 1, 2, dtype=torch.int16))
     out = dense.generate(ids, cu, GenerationHyperparameters(max_new_tokens=3, record_experts=True))
     assert out.routed_experts is None
+
+
+def test_decoding_in_pieces_records_what_one_call_does(model, generated):
+    """Interruptible generation (partial rollouts): paused and its cache rebuilt in between
+    (``refresh``, same weights), the record equals an uninterrupted call's; and recording
+    decodes eagerly even where fixed-shape steps were asked for."""
+    ids, cu = packed([5, 9, 2], seed=7)
+    g = GenerationHyperparameters(n=3, max_new_tokens=8, record_experts=True)
+    decoding = model.start_generation(ids, cu, g, eos_token_id=EOS, prompt_keys=torch.tensor([11, 12, 13]))
+    with torch.no_grad():  # as the engine's session runs it
+        decoding.advance(3)
+        decoding.refresh()
+        decoding.advance()
+    out = decoding.output()
+    assert torch.equal(out.sequences, generated.sequences)
+    assert torch.equal(out.routed_experts, generated.routed_experts)
+    static = generate_with(
+        model, GenerationHyperparameters(n=3, max_new_tokens=8, record_experts=True, decoding="static")
+    )
+    assert torch.equal(static.routed_experts, generated.routed_experts)
+
+
+def generate_with(model: ReaLModel, g: GenerationHyperparameters):
+    ids, cu = packed([5, 9, 2], seed=7)
+    return model.generate(ids, cu, g, eos_token_id=EOS, prompt_keys=torch.tensor([11, 12, 13]))

@@ -39,11 +39,14 @@ def check_router_replay(
     hp: PPOHyperparameters, exp: ExperimentConfig, fallback: Mapping[str, Any] | None = None
 ) -> None:
     """ValueError, naming ``ppo.router_replay``, when the experiment cannot replay its actor's
-    routing: a dense actor (its config read from ``config.json``, or ``fallback`` for a model an
-    earlier phase has yet to write), or one split into pipeline stages."""
+    routing: multi-turn rollouts, a dense actor (its config read from ``config.json``, or
+    ``fallback`` for a model an earlier phase has yet to write), or one in pipeline stages."""
     if not hp.router_replay:
         return
     from realrl.api.core.model_size import model_config
+
+    args = [getattr(m.interface_impl, "args", None) or {} for m in exp.mfcs]
+    check_replay_options(hp, multi_turn=any(a.get("env") or a.get("agent") for a in args))
 
     spec = exp.models.get(ACTOR)
     if spec is None:

@@ -13,6 +13,10 @@ Sampling randomness is counter-based (``nn/sampling.py``): a sequence's tokens d
 only, not on which other prompts share the batch. A model split by tensor parallelism decodes
 eagerly, and its ranks take the tokens their first rank sampled (``sampling_group``), so that
 they stay in step.
+
+With ``record_experts`` (router replay, ``nn/router_replay.py``) a Mixture-of-Experts model's
+prefill and eager steps record each token's experts, returned as ``routed_experts``; recording
+decodes eagerly (the fixed-shape steps keep no record).
 """
 
 from __future__ import annotations
