@@ -303,7 +303,8 @@ class PPOConfig(CommonExperimentConfig):
         exp = experiment_config(
             self, nodes, models, [self.dataset.abstraction(prompts)], tokenizer, **evaluation, **extra
         )
-        check_router_replay(hp, exp, task_model_config(self))  # a dense or pipelined actor
+        if hp.router_replay:  # refused for a dense or pipelined actor, multi-turn rollouts
+            check_router_replay(hp, exp, task_model_config(self))
         return exp
 
     def resolved_ppo(self) -> PPOHyperparameters:
