@@ -6,8 +6,10 @@ new run (not ``recover_mode=resume``) started where an earlier one left its reco
 them, whole, to ``previous/run-<when the earlier run started>/``: its ``stats.jsonl`` and summary
 are not replaced, its ``master.log`` not appended to, and TensorBoard, pointed at the fileroot,
 shows the two runs as two runs instead of one curve with two step 1s. A resumed run continues its
-own records where they are. Checkpoints (``checkpoints/``, ``recover/``) are never moved: they
-are what later phases reuse and what a resume starts from.
+own records where they are. The earlier run's recover points (``recover/``) go with its records:
+they resume that run only, and left in place a later ``recover_mode=resume`` of the new run would
+start from a point the new run never reached. Checkpoints (``checkpoints/``) are never moved: they
+are what later phases reuse.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ RECORDS = (
     "dataflow_graph.png",
     "experiment_config.json",
     "worker_configs.json",
+    "recover",
 )
 PREVIOUS = "previous"
 STARTED = "experiment_config.json"  # written as a run starts: when it began

@@ -123,9 +123,21 @@ def test_a_resumed_run_continues_its_own_records(trial):
 def test_a_folder_with_checkpoints_only_has_nothing_to_set_aside(tmp_path):
     run_dir = tmp_path / "sft" / "t"
     (run_dir / "checkpoints" / "default" / "final").mkdir(parents=True)
-    (run_dir / "recover").mkdir()
     assert set_aside(str(run_dir), str(tmp_path)) is None
-    assert sorted(os.listdir(run_dir)) == ["checkpoints", "recover"]
+    assert sorted(os.listdir(run_dir)) == ["checkpoints"]
+
+
+def test_an_earlier_runs_recover_points_go_with_its_records(tmp_path):
+    """Left in place, they would be what a resume of the new run starts from (a point the new run
+    may never have reached); the checkpoints stay for the phases that reuse them."""
+    run_dir = tmp_path / "sft" / "t"
+    (run_dir / "checkpoints" / "default" / "final").mkdir(parents=True)
+    (run_dir / "recover" / "step2").mkdir(parents=True)
+    (run_dir / "stats.jsonl").write_text("{}\n")
+    target = set_aside(str(run_dir), str(tmp_path))
+    assert sorted(os.listdir(target)) == ["recover", "stats.jsonl"]
+    assert os.path.isdir(os.path.join(target, "recover", "step2"))
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "previous"]
 
 
 # -- oversubscription: the counts come in as arguments (no GPU needed) ---------------------------
