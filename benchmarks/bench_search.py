@@ -18,6 +18,9 @@ its predictions for the same candidates are the column "interpolated".
 
     python benchmarks/bench_search.py [--experiment ppo] [--steps 10] [--rounds 2]
     python benchmarks/bench_search.py --smoke   # sft, tiny batches: d1, d2 and the search's best
+
+Its searches run without a time limit; the command's wall time against its limit is
+``bench_search_wall.py``.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ def main() -> None:
         extra = [e for e in extra if not e.startswith(("ppo.", "toy_eval"))]
     # the smoke run: the code path, not the figures (no contention run, no check of the best)
     search = ["search.verify=0", "search.contention=false"] if args.smoke else []
+    search.append("search.time_limit_s=null")  # every profile and plan measured, however long it takes
     register_everything()
     cfg = build_config(
         args.experiment, [f"fileroot={args.fileroot}", "search.n_gpus_per_node=2", *search, *extra]
@@ -157,6 +161,7 @@ def interpolated_costs(args: argparse.Namespace, cfg, extra: list[str]) -> Costs
         f"fileroot={root}",
         f"search.n_gpus_per_node={args.interpolation_workers}",
         "search.verify=0",
+        "search.time_limit_s=null",
         *kept,
     ]
     for n in (size // 2, size * 2):

@@ -73,7 +73,7 @@ def test_the_time_limit_stops_an_exhaustive_search_too(tmp_path):
         return 0
 
     result = search(_config(tmp_path), COSTS, n_workers=2, memory=slow_memory, time_limit=0.3)
-    assert not result.exhaustive and 0 < result.evaluated < 100
+    assert not result.exhaustive and result.stopped and 0 < result.evaluated < 100
     assert result.seconds < 2.0
 
 
@@ -82,7 +82,7 @@ def test_the_metropolis_search_is_deterministic_for_a_seed_and_finds_it_too(tmp_
         search(_config(tmp_path), COSTS, n_workers=2, exhaustive_limit=10, iterations=400, seed=7)
         for _ in range(2)
     ]
-    assert not runs[0].exhaustive
+    assert not runs[0].exhaustive and not runs[0].stopped  # it ran its iterations
     assert [c.allocation_mode for c in runs[0].ranked] == [c.allocation_mode for c in runs[1].ranked]
     assert runs[0].ranked[0].simulation.step_seconds == pytest.approx(9.0)
 

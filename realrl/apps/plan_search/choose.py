@@ -100,9 +100,15 @@ def search_plan(
     if limit is None and (paper or is_cuda(exp.device)):
         limit = 80.0
 
-    def ranked(costs: Costs, costed_only: bool = False) -> SearchResult:
+    def ranked(costs: Costs, costed_only: bool = False, runs_after: int = 0) -> SearchResult:
+        """The plans searched; under a limit, in the time left less what those of the
+        ``runs_after`` short runs still to come that can fit in it take (at least a quarter of it)."""
         left = budget.left()
-        budget.out("searching the plans" + ("" if left is None else f" ({max(left, 0.0):.0f} s left)"))
+        if left is not None:
+            each = budget.run_estimate()
+            fit = min(runs_after, int(max(left, 0.0) // each))
+            left = max(left - fit * each, left / 4, 0.0)
+        budget.out("searching the plans" + ("" if left is None else f" (for {left:.0f} s at most)"))
         result = search(
             exp,
             costs,
@@ -111,7 +117,7 @@ def search_plan(
             limit_bytes=None if limit is None else int(limit * GiB),
             seed=options.seed,
             iterations=options.iterations,
-            time_limit=None if left is None else max(left, 0.0),
+            time_limit=left,
             per_node=per_node,
             compare=options.compare,
             costed_only=costed_only,
@@ -214,18 +220,20 @@ def _profiled_search(
             f"(a profiling run takes ~{budget.run_estimate():.0f} s of {PROFILE_STEPS} steps here): "
             "no plan to report; raise it, or set it to null for none"
         )
-    result = ranked(table.costs(shape), budget.reached)
-    if cfg.search.contention and table.contention is None and workers >= 2:
+    verify = cfg.search.verify if workers >= 2 else 0
+    contention = cfg.search.contention and table.contention is None and workers >= 2
+    result = ranked(table.costs(shape), budget.reached, contention + verify)
+    if contention:
         overlapping = next((c for c in result.ranked if c.simulation.overlap > OVERLAP_TO_MEASURE), None)
         if overlapping is not None:
             c = calibrate_contention(cfg, exp, table, path, overlapping.allocation_mode, run)
             if c is not None:
                 logger.info("contention %.2f, measured by running %s", c, overlapping.allocation_mode)
                 ran.append(overlapping.allocation_mode)
-                result = ranked(table.costs(shape), budget.reached)
+                result = ranked(table.costs(shape), budget.reached, verify)
     measured: dict[str, float] = {}
-    if cfg.search.verify and workers >= 2:
-        best = to_verify(result.ranked, cfg.search.verify)
+    if verify:
+        best = to_verify(result.ranked, verify)
         measured, runs = measure_plans(cfg, exp, table, path, best, run)
         ran += runs
         logger.info("the best predicted plans run briefly: %s", {m: round(s, 4) for m, s in measured.items()})

@@ -1,8 +1,9 @@
 """Search the execution plans of an experiment: every call's placement, scored by the simulator.
 
-Where the space is small (at most ``exhaustive_limit`` plans) every plan is simulated, unless
-``time_limit`` seconds pass first (then the best of those scored by then, once one is). Beyond,
-a Metropolis search ("ReaL: Efficient RLHF Training of Large Language Models with Parameter
+Where the space is small (at most ``exhaustive_limit`` plans) and, under a ``time_limit``,
+simulating every plan fits in it at the pace the one-layout plans were scored, every plan is
+simulated (should the limit pass all the same: the best of those scored by then, once one is).
+Otherwise a Metropolis search ("ReaL: Efficient RLHF Training of Large Language Models with Parameter
 Reallocation" searches its plans by MCMC too) starts from the best plan that uses one layout for
 every call, changes one call's placement at a time, keeps a better plan always and a worse one
 with probability exp(-(t_new - t_old) / (temperature * t_old)), and stops after ``iterations``
@@ -135,6 +136,8 @@ def search(
 
     size = math.prod(len(o) for o in options)
     exhaustive, stopped = size <= exhaustive_limit, False
+    if exhaustive and time_limit is not None:  # cut short, the product's order would favour its first calls
+        exhaustive = _affordable(size, _one_layout(options), energy, start, time_limit)
     if exhaustive:
         found = False
         for choice in itertools.product(*options):
@@ -199,6 +202,27 @@ def _choice(exp: ExperimentConfig, mode: str, options: list[list[Placement]]) ->
 OVER_MEMORY = 1e6  # the energy of a plan over the device memory, times one plus its excess
 
 
+def _one_layout(options: list[list[Placement]]) -> list[tuple[Placement, ...]]:
+    """The plans that give every call the placement of the first call (where it may take it)."""
+    return [tuple(p if p in o else o[0] for o in options) for p in options[0]]
+
+
+def _affordable(
+    size: int,
+    samples: list[tuple[Placement, ...]],
+    energy: Callable[[tuple[Placement, ...]], float | None],
+    start: float,
+    time_limit: float,
+) -> bool:
+    """Whether ``size`` plans can be scored within ``time_limit`` of ``start``, at the pace of
+    scoring ``samples`` (scored now; the scoring keeps them for the search that follows)."""
+    began = time.monotonic()
+    for choice in samples:
+        energy(choice)
+    per_plan = (time.monotonic() - began) / max(len(samples), 1)
+    return time.monotonic() - start + size * per_plan <= time_limit
+
+
 def _metropolis(
     options: list[list[Placement]],
     energy: Callable[[tuple[Placement, ...]], float | None],
@@ -213,8 +237,7 @@ def _metropolis(
     (the scoring records every plan it sees): proposals change one call's placement; a lower
     energy is always taken, a higher one with probability exp(-(e_new - e_old) / (temperature *
     e_old)). Returns whether the time limit stopped it."""
-    first = [tuple(p if p in o else o[0] for o in options) for p in options[0]]
-    begun = [(e, choice) for choice in [*first, *starts] if (e := energy(choice)) is not None]
+    begun = [(e, choice) for choice in [*_one_layout(options), *starts] if (e := energy(choice)) is not None]
     if not begun:
         return False
     current_e, current = min(begun, key=lambda ec: ec[0])

@@ -20,7 +20,7 @@ from realrl.api.quickstart.base import CommonExperimentConfig
 
 PHASE_STEP_S = 0.12  # a toy SFT or reward-model step on 2 CPU cores (batches of 64, measured)
 PHASE_START_S = 20.0  # its workers started, its model built, its checkpoint written
-SIMULATE_S = 0.002  # one plan simulated and memory-checked (the toy PPO, measured)
+SIMULATE_S = 0.05  # one plan simulated and memory-checked (the toy PPO on 2 busy CPU cores)
 
 
 @dataclasses.dataclass
@@ -64,8 +64,13 @@ class Work:
         if self.contention:
             out.append(f"  contention: 1 run if the best plan computes calls side by side: ~{_t(self.run_s)}")
         search_s = SIMULATE_S * self.plans
-        how = "every plan" if self.exhaustive else "a Metropolis walk"
-        out.append(f"  search: {self.plans} plans ({how}): ~{_t(search_s)}")
+        if not self.exhaustive:
+            how = f"a Metropolis walk of {self.plans} proposals"
+        elif self.limit_s is None or search_s <= self.limit_s:
+            how = f"every one of {self.plans} plans"
+        else:  # too many to score them all in the limit: the walk instead (search.py)
+            how = f"{self.plans} plans, too many for the limit: a Metropolis walk"
+        out.append(f"  search: {how}: ~{_t(search_s)}, or what the time left allows")
         if self.verify:
             out.append(
                 f"  verification: up to {self.verify} plans run briefly (plans run before are reused): "
