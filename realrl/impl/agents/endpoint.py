@@ -5,7 +5,9 @@ Why aiohttp: it is an asyncio server, so it runs in the same event loop as the a
 background thread); it is small and well kept, and needs no separate ASGI server process.
 
 The server speaks HTTP and JSON only: what a completion is (rendering, token budgets, batching) is
-the ``handler``'s, supplied by ``runner``. Every request must carry one of the bearer tokens the
+the ``handler``'s, supplied by ``runner``. ``answer`` is the whole of what it says to a request,
+apart from aiohttp, so that the agents' own clients can reach it without a socket
+(``local_client``) and get the same answers as any other HTTP client. Every request must carry one of the bearer tokens the
 server was given (an unguessable one per agent, which also says which agent is asking), so no other
 local process can drive the policy; anything else gets 401.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -33,6 +36,7 @@ logger = logging.getLogger(__name__)
 MODEL_NAME = "policy"  # what GET /v1/models lists; a request may name any model
 START_TIMEOUT = 30.0  # seconds to wait for the server thread to listen
 STOP_TIMEOUT = 10.0  # seconds to wait for it to finish
+MAX_BODY = 64 * 2**20  # bytes a request body may have
 
 
 class RequestError(Exception):
@@ -69,13 +73,14 @@ class ChatReply:
 
 # (the identity the request's bearer token maps to, the request) -> the reply; raises RequestError
 ChatHandler = Callable[[Any, ChatRequest], Awaitable[ChatReply]]
+# (HTTP status, JSON body, extra headers)
+Answer = tuple[int, dict[str, Any], dict[str, str]]
 
 
-def _error(status: int, message: str, code: str | None = None) -> web.Response:
+def _error(status: int, message: str, code: str | None = None) -> Answer:
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return web.json_response(body, status=status, headers=headers)
+    return status, body, {"WWW-Authenticate": "Bearer"} if status == 401 else {}
 
 
 def _digest(token: str) -> bytes:
@@ -197,6 +202,11 @@ class EndpointServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the server and the spawned coroutines run on."""
+        return self._loop
+
     def __enter__(self) -> EndpointServer:
         self.start()
         return self
@@ -262,9 +272,8 @@ class EndpointServer:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        app = web.Application(middlewares=[self._authenticate], client_max_size=64 * 2**20)
-        app.router.add_post("/v1/chat/completions", self._chat_completions)
-        app.router.add_get("/v1/models", self._models)
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_route("*", "/{path:.*}", self._route)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -281,34 +290,45 @@ class EndpointServer:
         finally:
             await runner.cleanup()
 
-    @web.middleware
-    async def _authenticate(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        if self._identity(request) is None:
+    async def _route(self, request: web.Request) -> web.Response:
+        authorization = request.headers.get("Authorization", "")
+        known = self._identity(authorization) is not None  # a body is read for a known client only
+        body = await request.read() if known and request.method == "POST" else b""
+        status, payload, headers = await self.answer(request.method, request.path, authorization, body)
+        return web.json_response(payload, status=status, headers=headers)
+
+    def _identity(self, authorization: str) -> Any:
+        """Whom an ``Authorization`` header's bearer token belongs to; None without a known one."""
+        scheme, _, token = authorization.partition(" ")
+        return self._clients.get(_digest(token.strip())) if scheme.lower() == "bearer" else None
+
+    async def answer(self, method: str, path: str, authorization: str, body: bytes) -> Answer:
+        """The answer to one request, however it arrived: over the socket, or from an agent's own
+        client without one (``local_client``). Every route needs a known bearer token."""
+        identity = self._identity(authorization)
+        if identity is None:
             return _error(
                 401, "missing or wrong bearer token (use the api_key the agent was given)", "invalid_api_key"
             )
-        return await handler(request)
-
-    def _identity(self, request: web.Request) -> Any:
-        """Whom the request's bearer token belongs to; None without a known one."""
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        return self._clients.get(_digest(token.strip())) if scheme.lower() == "bearer" else None
-
-    async def _models(self, request: web.Request) -> web.Response:
-        model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "realrl"}
-        return web.json_response({"object": "list", "data": [model]})
-
-    async def _chat_completions(self, request: web.Request) -> web.Response:
+        if path == "/v1/models":
+            if method != "GET":
+                return _error(405, f"{method} is not allowed on {path}")
+            model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "realrl"}
+            return 200, {"object": "list", "data": [model]}, {}
+        if path != "/v1/chat/completions":
+            return _error(404, f"no route {path} (the endpoint serves /v1/chat/completions and /v1/models)")
+        if method != "POST":
+            return _error(405, f"{method} is not allowed on {path}")
         try:
             try:
-                body = await request.json()
+                parsed = json.loads(body)
             except ValueError as e:
                 raise RequestError(f"the request body is not JSON: {e}") from e
-            chat = parse_chat_request(body)
-            reply = await self._handler(self._identity(request), chat)
+            chat = parse_chat_request(parsed)
+            reply = await self._handler(identity, chat)
         except RequestError as e:
             return _error(e.status, e.message)
         except Exception as e:  # noqa: BLE001 - the agent sees it as a 500 naming the cause
             logger.exception("the agent endpoint failed on a request")
             return _error(500, f"the endpoint failed: {type(e).__name__}: {e}")
-        return web.json_response(chat_completion_json(chat, reply))
+        return 200, chat_completion_json(chat, reply), {}

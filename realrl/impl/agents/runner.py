@@ -34,6 +34,7 @@ from typing import Any
 
 from realrl.base.plugins import load_attribute
 from realrl.impl.agents.endpoint import ChatReply, ChatRequest, EndpointServer, RequestError
+from realrl.impl.agents.local_client import client_factory
 from realrl.impl.agents.token_context import Completion, chained_context, render_messages
 from realrl.impl.interface.trajectory import Trajectory
 
@@ -129,9 +130,36 @@ class _Session:
         self.timeout = timeout
         self.cond = threading.Condition()
         self.pending: list[_Pending] = []  # guarded by cond
+        self.unsettled = len(agents)  # agents neither done nor blocked (guarded by cond)
+        self.failed = False  # some agent is done with an error (guarded by cond)
         self.live: set[asyncio.Future] = set()  # futures of requests not yet answered (loop thread only)
         self.closed = False
         self.generate_calls = 0
+        self.generate_seconds = 0.0  # in generate: the policy's share of the rollout
+
+    # ---- shared by the endpoint's loop and the caller's thread ----
+
+    def _block(self, agent: _Agent, change: int) -> None:
+        """Under ``cond``: ``agent.blocked += change``, counting the agents neither done nor blocked;
+        the caller's thread is woken only when that count reaches 0 (a wake-up per request would
+        cost a thread switch and a scan of every agent each time)."""
+        before = agent.done or agent.blocked > 0
+        agent.blocked += change
+        after = agent.done or agent.blocked > 0
+        self.unsettled += int(before) - int(after)
+        if self.unsettled == 0:
+            self.cond.notify_all()
+
+    def _finish(self, agent: _Agent, error: str | None) -> None:
+        """The agent's run is over: the caller's thread is woken if that settles the batch or failed."""
+        with self.cond:
+            if agent.blocked == 0:
+                self.unsettled -= 1
+            agent.error = error
+            agent.done = True
+            self.failed = self.failed or error is not None
+            if self.unsettled == 0 or error is not None:
+                self.cond.notify_all()
 
     # ---- on the endpoint's loop ----
 
@@ -158,9 +186,8 @@ class _Session:
             if self.closed:
                 raise RequestError("the rollout is over", status=503)
             self.pending.append(pending)
-            agent.blocked += 1
+            self._block(agent, 1)
             self.live.add(future)
-            self.cond.notify_all()
         start = time.monotonic()
         try:
             result: CompletionResult = await future
@@ -170,8 +197,7 @@ class _Session:
             with self.cond:
                 if pending in self.pending:  # cancelled before the caller's thread took it
                     self.pending.remove(pending)
-                    agent.blocked -= 1
-                    self.cond.notify_all()
+                    self._block(agent, -1)
         agent.exhausted = False
         tokens = list(result.tokens)
         content = tokens if result.no_eos or not tokens else tokens[:-1]
@@ -197,18 +223,13 @@ class _Session:
             if not future.done():
                 future.set_exception(RequestError("the rollout is over", status=503))
 
-    async def run_agent(self, agent: _Agent, base_url: str, api_key: str) -> None:
-        openai = _import_openai()
-        http_client_cls = getattr(openai, "DefaultAsyncHttpxClient", None)
-        # trust_env=False: a proxy from the environment must not sit between the agent and 127.0.0.1
-        http_client = http_client_cls(trust_env=False) if http_client_cls is not None else None
-        client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=0, timeout=self.timeout, http_client=http_client
-        )
+    async def run_agent(self, agent: _Agent, make_client: Callable[[str], Any], api_key: str) -> None:
         start = time.monotonic()
         error = None
+        client: Any = None
         task: asyncio.Future | None = None
         try:
+            client = make_client(api_key)
             coro = self.agent_fn(client, agent.prompt, **agent.metadata)
             if not inspect.isawaitable(coro):
                 raise TypeError(
@@ -235,18 +256,16 @@ class _Session:
                 task.cancel()
                 await asyncio.wait({task}, timeout=1.0)
             try:
-                await client.close()
+                if client is not None:
+                    await client.close()
             except BaseException:  # noqa: BLE001 - closing a client must not hide the agent's outcome
                 pass
-            with self.cond:
-                agent.error = error
-                agent.done = True
-                self.cond.notify_all()
+            self._finish(agent, error)
 
     # ---- on the caller's thread ----
 
     def _settled(self) -> bool:
-        return all(a.done or a.blocked > 0 for a in self.agents)
+        return self.unsettled == 0
 
     def _raise_failed(self) -> None:
         for a in self.agents:
@@ -261,7 +280,7 @@ class _Session:
         while True:
             with self.cond:
                 self.cond.wait_for(
-                    lambda: self._settled() or any(a.error for a in self.agents if a.done),
+                    lambda: self._settled() or self.failed,
                     timeout=max(0.0, min(POLL_SECONDS, deadline - time.monotonic())),
                 )
                 self._raise_failed()
@@ -277,7 +296,9 @@ class _Session:
                         )
                     continue
                 batch, self.pending = self.pending, []
+            started = time.perf_counter()
             results = generate([p.request for p in batch])
+            self.generate_seconds += time.perf_counter() - started
             self.generate_calls += 1
             if len(results) != len(batch):
                 raise ValueError(f"generate returned {len(results)} results for {len(batch)} requests")
@@ -289,7 +310,7 @@ class _Session:
                     )
             with self.cond:
                 for p in batch:
-                    p.agent.blocked -= 1
+                    self._block(p.agent, -1)
             server.call_soon(self.deliver, batch, results)
 
     def trajectory(self, agent: _Agent) -> tuple[Trajectory, int]:
@@ -341,8 +362,8 @@ def run_agents(
     """Run ``agent`` once per prompt (``agent(client, prompt, **metadata[i])``), all concurrently,
     answering their chat completions with ``generate`` on this thread; one trajectory per prompt,
     in order, and the stats ``agent/completions_mean``, ``agent/unchained_completions`` (the
-    completions left out of the trajectories), ``agent/seconds`` (mean wall time of an agent) and
-    ``agent/generate_calls``.
+    completions left out of the trajectories), ``agent/seconds`` (mean wall time of an agent),
+    ``agent/generate_calls`` and ``agent/generate_seconds`` (the time in them).
 
     ``agent`` is the function or a ``module:name`` / ``file.py:name`` spec. A completion gets at most
     ``max_new_tokens`` (less if the request's ``max_tokens`` says so, or if fewer are left under
@@ -372,8 +393,9 @@ def run_agents(
     keys = {secrets.token_urlsafe(32): a for a in agents}
     with EndpointServer(session.complete, keys) as server:
         try:
+            make_client = client_factory(_import_openai(), server, timeout)
             for key, a in keys.items():
-                server.spawn(session.run_agent(a, server.base_url, key))
+                server.spawn(session.run_agent(a, make_client, key))
             session.drive(server, generate)
         finally:
             try:
@@ -386,5 +408,6 @@ def run_agents(
         "agent/unchained_completions": float(sum(n for _, n in built)),
         "agent/seconds": sum(a.seconds for a in agents) / len(agents),
         "agent/generate_calls": float(session.generate_calls),
+        "agent/generate_seconds": session.generate_seconds,
     }
     return [t for t, _ in built], stats
