@@ -19,6 +19,7 @@ and agent / env, side by side; the two alternate, so a busy machine slows both a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import tempfile
@@ -33,6 +34,7 @@ from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.model_api import GenerationHyperparameters, make_backend, make_model
 from realrl.experiments.tasks.arith import MAX_NEW_TOKENS
 from realrl.experiments.toy_eval import load_batch
+from realrl.impl.agents.local_client import http_library
 from realrl.impl.dataset.toy.arith import arith_model_config, build_arith_task
 from realrl.impl.interface.agent_rollout import AgentOptions, agent_generate
 from realrl.impl.interface.env_rollout import EnvOptions, env_generate
@@ -62,7 +64,7 @@ COLUMNS = ("s", "CPU s", "policy s")
 
 
 def measure(run) -> dict[str, float]:
-    """``run()``'s figures, named as COLUMNS, and its mean turns and generate calls."""
+    """``run()``'s figures, named as COLUMNS; its mean turns, generate calls and completions a trajectory."""
     start, cpu = time.perf_counter(), time.process_time()
     _, _, stats = run()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -70,7 +72,47 @@ def measure(run) -> dict[str, float]:
         policy, calls = stats["agent/generate_seconds"], stats["agent/generate_calls"]
     else:  # the environment's rollout: one generate call a turn
         policy, calls = stats["seconds_per_turn"] * stats["turns_max"], stats["turns_max"]
-    return {"s": wall, "CPU s": cpu, "policy s": policy, "turns": stats["turns_mean"], "calls": calls}
+    completions = stats.get("agent/completions_mean", 0.0)
+    return {
+        "s": wall,
+        "CPU s": cpu,
+        "policy s": policy,
+        "turns": stats["turns_mean"],
+        "calls": calls,
+        "completions": completions,
+    }
+
+
+def client_cpu_per_request(messages: list[dict], n: int = 100) -> float:
+    """CPU seconds of one ``chat.completions.create`` of the OpenAI client alone, its requests
+    answered from memory with a fixed reply: what any agent pays a completion, whatever serves it."""
+    import openai
+
+    http = http_library(openai)
+    reply = {
+        "id": "chatcmpl-0",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "policy",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "####5"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 8, "completion_tokens": 3, "total_tokens": 11},
+    }
+    transport = http.MockTransport(lambda request: http.Response(200, json=reply))
+    client = openai.AsyncOpenAI(
+        base_url="http://127.0.0.1:1/v1", api_key="k", http_client=http.AsyncClient(transport=transport)
+    )
+
+    async def run() -> float:
+        for _ in range(5):  # the client's first request finds the platform, once
+            await client.chat.completions.create(model="policy", messages=messages)
+        start = time.process_time()
+        for _ in range(n):
+            await client.chat.completions.create(model="policy", messages=messages)
+        return (time.process_time() - start) / n
+
+    return asyncio.run(run())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,10 +144,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.prompts} prompts x {args.n} answers = {args.prompts * args.n} trajectories a step, "
         f"{args.threads} torch thread(s), {'checkpoint ' + args.model if args.model else 'random weights'}"
     )
-    report({k: v[1:] for k, v in steps.items()})
+    report({k: v[1:] for k, v in steps.items()}, args.prompts * args.n)
 
 
-def report(steps: dict[str, list[dict[str, float]]]) -> None:
+def report(steps: dict[str, list[dict[str, float]]], trajectories: int) -> None:
     """One row a step and one of the means: each column's env, agent and agent / env."""
     header = [f"{c} {k}" for c in COLUMNS for k in ("env", "agent", "agent / env")]
     print(f"| step | {' | '.join(header)} | turns env | turns agent |")
@@ -117,6 +159,16 @@ def report(steps: dict[str, list[dict[str, float]]]) -> None:
         print(f"| {label} | {' | '.join(cells)} | {e['turns']:.2f} | {a['turns']:.2f} |")
     e, a = mean["env"], mean["agent"]
     print(f"agent generate calls a step: {a['calls']:.1f}")
+    # the floor: the environment's work plus the OpenAI client's own, completion by completion
+    asks = a["completions"] * trajectories
+    turn = [{"role": "user", "content": "12+34=?"}]
+    retry = [*turn, {"role": "assistant", "content": "####45"}, {"role": "user", "content": "=?"}]
+    client = statistics.mean(client_cpu_per_request(m) for m in (turn, retry))
+    print(
+        f"the OpenAI client alone: {client * 1000:.2f} ms CPU a completion x {asks:.0f} = {client * asks:.3f} s CPU "
+        f"a step; with the environment's {e['CPU s']:.3f} s, a floor of "
+        f"{(e['CPU s'] + client * asks) / e['CPU s']:.2f}x CPU"
+    )
     print(
         f"agent / env per step: {a['s'] / e['s']:.2f}x wall ({a['s']:.3f} s against {e['s']:.3f} s), "
         f"{a['CPU s'] / e['CPU s']:.2f}x CPU"

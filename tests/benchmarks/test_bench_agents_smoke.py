@@ -30,3 +30,9 @@ def test_bench_agents(tmp_path):
     assert float(ratio) > 0 and float(wall) > 0 and float(env) > 0 and float(cpu) > 0
     ((calls,),) = figures(rf"^agent generate calls a step: ({NUMBER})$", out)
     assert 1.0 <= float(calls) <= 2.0  # one batch a turn: every agent's request in it
+    ((client, asks, floor),) = figures(
+        rf"^the OpenAI client alone: ({NUMBER}) ms CPU a completion x ({NUMBER}) = {NUMBER} s CPU a step; "
+        rf"with the environment's {NUMBER} s, a floor of ({NUMBER})x CPU$",
+        out,
+    )
+    assert float(client) > 0 and 4 <= float(asks) <= 8 and float(floor) > 1.0

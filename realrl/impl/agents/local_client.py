@@ -24,7 +24,7 @@ from typing import Any
 from realrl.impl.agents.endpoint import EndpointServer
 
 
-def _http_library(openai: Any) -> Any:
+def http_library(openai: Any) -> Any:
     """The module whose ``AsyncClient`` the OpenAI client is built on; None if it cannot be told."""
     default = getattr(openai, "DefaultAsyncHttpxClient", None)
     base = next((c for c in getattr(default, "__mro__", ()) if c.__name__ == "AsyncClient"), None)
@@ -56,7 +56,7 @@ def client_factory(openai: Any, server: EndpointServer, timeout: float) -> Calla
     """``api_key -> openai.AsyncOpenAI`` for the agents of one rollout; each client has its own
     connection pool (an agent may close its client), the transport and TLS context are shared."""
     common = {"base_url": server.base_url, "max_retries": 0, "timeout": timeout}
-    http = _http_library(openai)
+    http = http_library(openai)
     if http is None:  # an HTTP library this module does not know: a plain client, over the socket
         return lambda api_key: openai.AsyncOpenAI(api_key=api_key, **common)
     local = _local_transport(http, server)
