@@ -11,7 +11,7 @@ as a ratio (the baseline: what the user allowed).
 phase in S s" lines): the part the limit bounds; "runs" counts the short runs done and skipped.
 The machine's other load slows every figure (2 shared cores: say so beside them).
 
-    python benchmarks/bench_search_wall.py [--experiment ppo] [--limit 300] [--workers 2]
+    python benchmarks/bench_search_wall.py [--experiment ppo] [--limit 270] [--workers 2]
     python benchmarks/bench_search_wall.py --smoke   # sft on 1 worker: one profile run, a 120 s limit
 """
 
@@ -55,7 +55,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="ppo")
     p.add_argument("--workers", type=int, default=2, help="n_gpus_per_node of the search")
-    p.add_argument("--limit", type=float, default=300.0, help="search.time_limit_s (the command's default)")
+    p.add_argument("--limit", type=float, default=270.0, help="search.time_limit_s (the command's default)")
     p.add_argument("--fileroot", default="outputs/bench_search_wall", help="emptied first")
     args = parse_args(p, None, experiment="sft", workers=1, limit=120.0)
     root = os.path.abspath(args.fileroot)

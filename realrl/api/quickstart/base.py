@@ -42,9 +42,9 @@ class PlanSearchOptions:
     seed: int = _option(1, "Seed of the Metropolis search.")
     iterations: int = _option(3000, "Metropolis proposals when the space is too large to try every plan.")
     time_limit_s: float | None = _option(
-        300.0,
+        270.0,
         "Seconds the search may take after the prerequisite phases (profiles, search, plans run briefly): "
-        "runs that do not fit are skipped and said so; null for no limit.",
+        "runs that do not fit are skipped and said so; null for no limit. 270: the command within 5 minutes.",
     )
     top: int = _option(10, "Plans printed, best first.")
     costs: str = _option(
