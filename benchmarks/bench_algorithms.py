@@ -5,6 +5,7 @@ time of the RL phase (the SFT and reward-model phases run once per seed and are 
     python benchmarks/bench_algorithms.py --seeds 1 2 3                 # the sentiment task
     python benchmarks/bench_algorithms.py --task arith --seeds 1 2 3    # the arithmetic task
     python benchmarks/bench_algorithms.py --smoke [--task arith]        # seed 1, two algorithms, 2 steps
+    python benchmarks/bench_algorithms.py --group verl --seeds 1 2 3    # verl's losses and estimators
 
 Sentiment: the true reward (positive minus negative words, -2 without a final '.'). Arithmetic:
 exact-match accuracy, greedy, on the held-out problems.
@@ -45,9 +46,50 @@ ARITH_RUNS = [
         ["grpo", "task=arith", "ppo_preset=dapo", "dynamic_sampling.enabled=false"],
     ),
 ]
+# --group verl (sentiment): verl's policy losses, through their preset where one exists, and verl's
+# advantage estimators, each on GRPO's graph and otherwise GRPO's options (the `grpo` row of the
+# default group is the `vanilla` loss with the `grpo` estimator)
+VERL_LOSS_RUNS = [
+    ("cispo", ["grpo", "ppo_preset=cispo"]),
+    ("gmpo", ["grpo", "ppo_preset=gmpo"]),
+    ("sapo", ["grpo", "ppo_preset=sapo"]),
+    *(
+        (f"loss_{name}", ["grpo", f"ppo.policy_loss={name}", *options])
+        for name, options in (
+            ("clip_cov", []),
+            ("kl_cov", []),
+            ("gpg", []),
+            ("dppo_tv", []),
+            ("dppo_kl", []),
+            ("dro", ["ppo.policy_loss_options.dro_beta=1.0"]),  # required, no default
+        )
+    ),
+]
+VERL_ESTIMATOR_RUNS = [
+    (f"adv_{name}", ["grpo", f"ppo.adv_estimator={name}"])
+    for name in (
+        "gdpo",
+        "grpo_passk",
+        "opo",
+        "gpg",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+    )
+]
+GROUPS = {
+    ("sentiment", "default"): SENTIMENT_RUNS,
+    ("arith", "default"): ARITH_RUNS,
+    ("sentiment", "verl"): VERL_LOSS_RUNS + VERL_ESTIMATOR_RUNS,
+}
 # --smoke: a plain run and a preset's (on arith without dynamic sampling, which keeps no group of a
 # 2-step SFT policy: it answers none right)
-SMOKE_LABELS = {"sentiment": ["grpo", "dapo"], "arith": ["grpo", "dapo_without_dynamic_sampling"]}
+SMOKE_LABELS = {
+    ("sentiment", "default"): ["grpo", "dapo"],
+    ("arith", "default"): ["grpo", "dapo_without_dynamic_sampling"],
+    ("sentiment", "verl"): ["cispo", "adv_optimal_token_baseline"],
+}
 # a preset's own sampling (256 tokens, top-p 0.9, 4 answers) is not the task's: keep the task's
 TASK_SAMPLING = {
     "sentiment": ["ppo.gen.max_new_tokens=13", "ppo.gen.top_p=1.0", "ppo.gen.top_k=0", "ppo.gen.n=4"],
@@ -102,16 +144,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--task", choices=("sentiment", "arith"), default="sentiment")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    parser.add_argument(
+        "--group",
+        choices=("default", "verl"),
+        default="default",
+        help="verl: verl's policy losses and advantage estimators (sentiment task only)",
+    )
+    parser.add_argument("--only", nargs="*", help="labels of the group to run (default: all)")
     parser.add_argument("--fileroot", default=None, help="default: a fresh temporary folder")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = parse_args(parser, argv, seeds=[1])
+    if (args.task, args.group) not in GROUPS:
+        parser.exit(2, f"--group {args.group} has no runs on --task {args.task}\n")
     if args.smoke:
-        args.only = args.only or SMOKE_LABELS[args.task]
+        args.only = args.only or SMOKE_LABELS[args.task, args.group]
         args.extra = [*SHORT_RUN, *args.extra]
     fileroot = args.fileroot or tempfile.mkdtemp(prefix="realrl-bench-algorithms-")
     os.makedirs(fileroot, exist_ok=True)
-    runs = SENTIMENT_RUNS if args.task == "sentiment" else ARITH_RUNS
+    runs = GROUPS[args.task, args.group]
+    unknown = set(args.only or ()) - {label for label, _ in runs}
+    if unknown:
+        parser.exit(2, f"--only: no such label in --group {args.group}: {', '.join(sorted(unknown))}\n")
     runs = [r for r in runs if not args.only or r[0] in args.only]
     before, after = (
         ("sft_true_reward_mean", "true_reward_mean")

@@ -183,7 +183,7 @@ class PPOActorInterface(ModelInterface):
         mb_spec = mb_spec or MicroBatchSpec()
         if self.env_options is not None or self.agent_options is not None:
             return self._generate_with_env(model, data, mb_spec)
-        gen = model.module.generate(data, mb_spec, model.tokenizer, self.hp.gen)
+        gen = model.module.generate(data, mb_spec, model.tokenizer, self.hp.decoder_gen)
         versions = torch.full((len(gen.seqlens),), model.version.global_step, dtype=torch.long)
         return self.rollout(model, data, gen, mb_spec, versions)
 

@@ -116,6 +116,10 @@ class PPOHyperparameters:
     # rollout correction is (outside its bypass_mode). The correction: rollout_correction.py
     recompute_logprobs: bool = False
     rollout_correction: RolloutCorrectionConfig = dataclasses.field(default_factory=RolloutCorrectionConfig)
+    # benchmark-only, a deliberate train/rollout mismatch (benchmarks/bench_rollout_correction.py):
+    # plain generation samples, and records log-probs, at this temperature; the trainer scores at
+    # gen.temperature (env/agent rollouts and partial rollouts ignore it)
+    mismatch_decode_temperature: float | None = None
     # R3 router replay (a Mixture-of-Experts actor): the decoder records each token's experts and
     # the actor's forwards of the batch route there (router_replay.py); sets gen.record_experts
     router_replay: bool = False
@@ -166,6 +170,10 @@ class PPOHyperparameters:
                 "discount and gae_lambda must be in [0, 1]",
             ),
             (self.truncate_after >= 0, "truncate_after must be >= 0"),
+            (
+                self.mismatch_decode_temperature is None or self.mismatch_decode_temperature > 0,
+                "mismatch_decode_temperature must be > 0",
+            ),
             (self.kl_ctl >= 0 and self.kl_loss_coef >= 0, "kl_ctl and kl_loss_coef must be >= 0"),
             (
                 self.adv_estimator not in estimators  # named by the first check
@@ -212,6 +220,12 @@ class PPOHyperparameters:
     @property
     def clip_high(self) -> float:
         return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
+
+    @property
+    def decoder_gen(self) -> GenerationHyperparameters:
+        """What plain generation samples with: ``gen``, or at ``mismatch_decode_temperature``."""
+        t = self.mismatch_decode_temperature
+        return self.gen if t is None else dataclasses.replace(self.gen, temperature=t)
 
     def loss_config(self) -> PolicyLossConfig:
         return PolicyLossConfig(self.eps_clip, self.clip_high, self.dual_clip, self.policy_loss_options)
