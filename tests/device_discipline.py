@@ -36,7 +36,9 @@ from torch.overrides import TorchFunctionMode
 
 STAND_IN = torch.device("cpu", 0)  # the "GPU" of a checked run
 # the options that put a quickstart run under the check; its workers' logs then hold MARKER
-OVERRIDES = ("device=cpu:0", f'import_modules=["{os.path.abspath(__file__)}"]')
+# (with the NCCL-rules check of tests/collective_rules.py: every checked run carries both)
+_COLLECTIVE_RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "collective_rules.py")
+OVERRIDES = ("device=cpu:0", f'import_modules=["{os.path.abspath(__file__)}","{_COLLECTIVE_RULES}"]')
 MARKER = "device-discipline check: on"
 # what FSDP is told of a host tensor: a device other than its CPU mesh's, so that it moves the
 # tensor to its device as it would on a GPU (where host memory is not the mesh's device)

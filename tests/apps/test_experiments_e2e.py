@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import collective_rules
 import pytest
 import torch
 from device_discipline import MARKER, OVERRIDES
@@ -43,15 +44,20 @@ def fileroot(tmp_path_factory):
 
 # Every run here is also the device-discipline check (tests/device_discipline.py): its model
 # workers treat ``cpu:0`` as the device and fail where a GPU would, on a host tensor meeting a
-# device tensor; every experiment and layout of this file is covered (FSDP included). Ray actors
-# do not load it (it switches on in ``realrl.apps.remote`` processes only).
+# device tensor; every experiment and layout of this file is covered (FSDP included). It is also
+# the NCCL-rules check (tests/collective_rules.py): each torch.distributed call is checked as it
+# is issued, and the ranks' records are compared after the run. Ray actors load neither (they
+# switch on in ``realrl.apps.remote`` processes only).
 
 
 def assert_checked(run_dir):
-    """The check was on in every model worker of the run."""
+    """Both checks were on in every model worker of the run, and its torch.distributed calls kept
+    NCCL's rules across ranks (tests/collective_rules.py)."""
     logs = os.path.join(run_dir, "logs")
     workers = [f for f in os.listdir(logs) if f.startswith("model_worker")]
-    assert workers and all(MARKER in open(os.path.join(logs, f)).read() for f in workers), workers
+    texts = [open(os.path.join(logs, f)).read() for f in workers]
+    assert workers and all(MARKER in t and collective_rules.MARKER in t for t in texts), workers
+    collective_rules.check_run(run_dir)
 
 
 def run(name, fileroot, *extra, discipline=True):

@@ -7,6 +7,7 @@ fileroot, so the SFT phase runs once."""
 import json
 import os
 
+import collective_rules
 import pytest
 from device_discipline import OVERRIDES
 
@@ -44,6 +45,7 @@ def test_rl_experiment_on_the_arithmetic_task(fileroot, name):
     cfg = build_config(name, ["task=arith", f"fileroot={fileroot}", *SHORT, *OVERRIDES])
     assert cfg.dataset.metadata_keys == ["answer"] and cfg.reward_fn == "math_answer"
     summary = run_quickstart(name, cfg)
+    collective_rules.check_run(cfg.run_dir)  # and NCCL's rules (tests/collective_rules.py)
     assert 0.0 <= summary["sft_accuracy"] <= 1.0 and 0.0 <= summary["accuracy"] <= 1.0
     assert summary["accuracy_gain_points"] == pytest.approx(
         100 * (summary["accuracy"] - summary["sft_accuracy"])
@@ -69,6 +71,7 @@ ENV = ["env=examples/envs/retry.py:Retry", "reward_fn=null", "ppo.max_turns=2"]
 def run_with_env(fileroot, *extra):
     cfg = build_config("grpo", ["task=arith", f"fileroot={fileroot}", *SHORT, *OVERRIDES, *ENV, *extra])
     summary = run_quickstart("grpo", cfg)
+    collective_rules.check_run(cfg.run_dir)
     with open(os.path.join(cfg.run_dir, "stats.jsonl")) as f:
         return cfg, summary, [json.loads(line) for line in f]
 
@@ -118,6 +121,7 @@ def test_an_agent_written_for_the_openai_api_trains_through_the_chat_endpoint(fi
     agent = ["agent=examples/agents/retry_agent.py:run", "reward_fn=null", "trial_name=agent"]
     cfg = build_config("grpo", ["task=arith", f"fileroot={fileroot}", *SHORT, *OVERRIDES, *agent])
     run_quickstart("grpo", cfg)
+    collective_rules.check_run(cfg.run_dir)
     with open(os.path.join(cfg.run_dir, "stats.jsonl")) as f:
         records = [json.loads(line) for line in f]
     for r in records:
