@@ -246,7 +246,9 @@ async def _run_master(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m realrl.apps.main",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "config", help=f"an ExperimentConfig as JSON (every run saves its own as {SAVED_CONFIG})"

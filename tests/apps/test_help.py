@@ -115,7 +115,7 @@ def test_search_verify_spelling_is_accepted():
     assert bare.returncode == 2 and "verify" in bare.stderr
 
 
-@pytest.mark.parametrize("module", ["plan", "graph", "summarize"])
+@pytest.mark.parametrize("module", ["plan", "graph", "summarize", "main"])
 def test_other_commands_start_their_help_with_a_usage_line(module):
     text = run(module, "--help")
     assert text.startswith(f"usage: python -m realrl.apps.{module}"), text[:200]
