@@ -13,12 +13,18 @@ after a warm-up step.
 
     python benchmarks/bench_train.py [--steps 5] [--n-seqs 32] [--threads 1] [--min-len 16] [--max-len 384]
     python benchmarks/bench_train.py --smoke   # 1 timed step of 4 short sequences: seconds
+
+``--compile`` adds a third side, the same TrainEngine with ``engine.compile=on`` (its blocks
+through ``torch.compile``, Inductor's cache in a fresh folder, so cold), printed beside the eager
+one with the ratio and the one-off compile seconds (the warm-up step's ``compile/seconds``); its
+peak RSS is not measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -63,7 +69,8 @@ def hf_chunks(items: list, n_mbs: int) -> list[list]:
     return [items[i : i + k] for i in range(0, len(items), k)]
 
 
-def real_trainer(ckpt: str, args) -> Callable[[list[torch.Tensor], int], float]:
+def real_trainer(ckpt: str, args, compile: str = "off", stats: dict | None = None) -> Callable:
+    """The TrainEngine's step; ``stats`` (when given) receives the last step's statistics."""
     from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
     from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
     from realrl.impl.model.backend.train_engine import TrainEngine
@@ -71,7 +78,9 @@ def real_trainer(ckpt: str, args) -> Callable[[list[torch.Tensor], int], float]:
     from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
 
     opt = OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, grad_clip=CLIP)
-    engine = TrainEngine(ReaLModel.from_pretrained(ckpt), opt, EngineConfig(dtype="fp32"), args.steps + 1)
+    cache = os.path.join(ckpt, ".inductor_cache")  # a fresh folder: the compilation is timed cold
+    config = EngineConfig(dtype="fp32", compile=compile, compile_cache_dir=cache)
+    engine = TrainEngine(ReaLModel.from_pretrained(ckpt), opt, config, args.steps + 1)
 
     def loss_fn(logits, mb):  # mean next-token NLL over the micro-batch's predictions
         ids = mb.data["packed_input_ids"]
@@ -87,7 +96,10 @@ def real_trainer(ckpt: str, args) -> Callable[[list[torch.Tensor], int], float]:
             data={"packed_input_ids": torch.cat(seqs)},
         )
         mb_spec = MicroBatchSpec(n_mbs=args.n_mbs)
-        return engine.train_batch(batch, mb_spec, loss_fn, n_predictions, version_steps=version)["loss"]
+        out = engine.train_batch(batch, mb_spec, loss_fn, n_predictions, version_steps=version)
+        if stats is not None:
+            stats.update(out)
+        return out["loss"]
 
     return step
 
@@ -130,6 +142,23 @@ def measure_rss(side: str, ckpt: str, args) -> dict:
     return step_peak_rss(lambda: step(make_step_data(args, 0), 0), lambda: step(make_step_data(args, 1), 1))
 
 
+def print_compiled(tps: dict, cpu_tps: dict, first_loss: dict, stats: dict) -> None:
+    """The compiled TrainEngine beside the eager one."""
+    print(f"first-step loss: compiled {first_loss['compiled']:.5f}  eager {first_loss['realrl']:.5f}")
+    print(
+        f"{'realrl TrainEngine eager':28s} {tps['realrl']:8.0f} tokens/s ({cpu_tps['realrl']:.0f} per CPU-second)"
+    )
+    print(
+        f"{'realrl TrainEngine compiled':28s} {tps['compiled']:8.0f} tokens/s "
+        f"({cpu_tps['compiled']:.0f} per CPU-second)"
+    )
+    print(
+        f"compile ratio compiled / eager: {tps['compiled'] / tps['realrl']:.2f}x wall-clock, "
+        f"{cpu_tps['compiled'] / cpu_tps['realrl']:.2f}x CPU time; one-off compile "
+        f"{stats['compile/seconds']:.1f} s ({stats['compile/graphs']:.0f} graphs)"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up step)")
@@ -139,6 +168,7 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=384)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    p.add_argument("--compile", action="store_true", help="add the TrainEngine with engine.compile=on")
     p.add_argument("--rss-side", choices=sorted(TRAINERS), help=argparse.SUPPRESS)
     p.add_argument("--ckpt", help=argparse.SUPPRESS)
     args = parse_args(p, None, steps=1, n_seqs=4, n_mbs=2, min_len=8, max_len=32)
@@ -155,6 +185,9 @@ def main() -> None:
         torch.manual_seed(args.seed)
         ReaLModel(model_config()).save_pretrained(ckpt)  # one set of weights for both sides
         steps = {side: make(ckpt, args) for side, make in TRAINERS.items()}
+        compile_stats: dict = {}
+        if args.compile:
+            steps["compiled"] = real_trainer(ckpt, args, "on", compile_stats)
         wall = {side: [] for side in steps}
         cpu = {side: [] for side in steps}
         first_loss = {}
@@ -203,6 +236,8 @@ def main() -> None:
         f"peak RSS ratio realrl / hf: {rss['realrl']['peak_rss'] / rss['hf']['peak_rss']:.2f} "
         f"(growth during a step: {grow['realrl'] / max(grow['hf'], 1.0):.2f})"
     )
+    if args.compile:
+        print_compiled(tps, cpu_tps, first_loss, compile_stats)
     print(f"wall time {time.perf_counter() - t_start:.0f} s")
 
 

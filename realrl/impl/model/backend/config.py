@@ -15,6 +15,7 @@ SCHEDULER_TYPES = ("constant", "linear", "cosine")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # attention implementations a model may ask for (realrl.impl.model.modules.attention runs them)
 ATTN_IMPLS = ("auto", "flash_attn", "torch_varlen", "cpu_varlen", "sdpa")
+COMPILE_MODES = ("off", "on", "auto")
 
 
 @dataclasses.dataclass
@@ -80,6 +81,12 @@ class EngineConfig:
     whole experts on the m ranks (n_experts / m each) instead of splitting every expert; attention,
     dense blocks and the shared expert stay split by tensor parallelism (docs/model.md, "Expert
     placement"). Only for MoE models, with n_experts divisible by m (``layout_fit``).
+    ``compile``: run the transformer blocks of packed forwards (training, inference) through
+    ``torch.compile`` (``nn/compiled_blocks.py``, ``backend/compile.py``): "off" (default), "on",
+    or "auto": on for a train engine of at least ``compile.AUTO_MIN_STEPS`` steps, where the
+    one-off compilation is repaid, off otherwise (and always off for an inference engine).
+    ``compile_cache_dir``: Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``), so a second run starts
+    warm; "" is ``outputs/.inductor_cache`` under the working folder (the default fileroot).
     """
 
     dtype: str = "auto"  # auto | fp32 | bf16 | fp16
@@ -88,8 +95,17 @@ class EngineConfig:
     share_prefixes: bool = True
     fsdp: bool = False
     expert_parallel: bool = False
+    compile: str = "off"  # off | on | auto
+    compile_cache_dir: str = ""
 
     def __post_init__(self) -> None:
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"EngineConfig.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.compile == "on" and self.gradient_checkpointing:
+            raise ValueError(
+                "EngineConfig.compile='on' does not combine with gradient_checkpointing=True yet; "
+                "turn one of them off"
+            )
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(
                 f"EngineConfig.dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}"

@@ -38,6 +38,7 @@ from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
 from realrl.impl.model.backend import dp
 from realrl.impl.model.backend.checkpoint import save_module_weights
+from realrl.impl.model.backend.compile import compile_module
 from realrl.impl.model.backend.config import EngineConfig
 from realrl.impl.model.backend.generation_session import GenerationSession, concat_generation_outputs
 from realrl.impl.model.backend.pipeline_engine import PipelineRun
@@ -112,7 +113,9 @@ class InferenceEngine:
         device: torch.device | str = "cpu",
         parallel: ParallelContext | None = None,
         offload: bool = False,
+        total_train_steps: int | None = None,
     ) -> None:
+        """``total_train_steps``: a train engine's, for ``EngineConfig.compile="auto"``."""
         self.module = module
         self.config = config or EngineConfig()
         self.device = torch.device(device)
@@ -123,6 +126,11 @@ class InferenceEngine:
             disable_dropout(module)
         self._place(module)
         self.pipeline = PipelineRun.of(module, parallel, self.device)
+        self.compiled = compile_module(module, self.config, total_train_steps, self.pipeline is not None)
+
+    def compile_stats(self) -> dict[str, float]:
+        """``compile/graphs`` and ``compile/seconds`` so far when the blocks are compiled, else {}."""
+        return {} if self.compiled is None else self.compiled.stats()
 
     def _place(self, module: torch.nn.Module) -> None:
         """The module on the engine's device and in its dtype (a train engine's stays fp32), then,

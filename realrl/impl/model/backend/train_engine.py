@@ -73,7 +73,7 @@ class TrainEngine(InferenceEngine):
         device: torch.device | str = "cpu",
         parallel: ParallelContext | None = None,
     ) -> None:
-        super().__init__(module, engine_config, device, parallel)
+        super().__init__(module, engine_config, device, parallel, total_train_steps=total_train_steps)
         if getattr(module, "lora", None) is not None and self.dtype != torch.float32 and not self.fsdp:
             keep_frozen_in(module, self.dtype)  # the frozen base in bf16/fp16, the adapters in fp32
         self.optimizer_config = optimizer_config or OptimizerConfig()
@@ -228,6 +228,7 @@ class TrainEngine(InferenceEngine):
             input_, mb_spec, loss_fn, loss_weight_fn, token_normalize_scope, output_index_fn
         )
         stats.update(self.optimizer_step(version_steps))
+        stats.update(self.compile_stats())  # nothing when the blocks run eagerly
         return stats
 
     # -- checkpoints ------------------------------------------------------------------------

@@ -10,7 +10,9 @@
    ``torch.get_num_threads()`` threads, or there is one thread, or torch would keep this call on
    one thread anyway (at most ``Kernel.torch_serial_up_to`` elements);
 3. its library is built (a C compiler works, ``REALRL_NO_NATIVE`` is unset) and ``torch_only``
-   is not in force.
+   is not in force;
+4. it is not traced by ``torch.compile`` (``nn/compiled_blocks.py``): there the torch code runs,
+   which Inductor fuses with its neighbours (the attention kernels run eagerly behind a graph break).
 
 What was measured (``benchmarks/bench_cpu_kernels.py``, inside the toy RLHF steps, CPU time):
 
@@ -142,7 +144,10 @@ def use_native(
     dropout_p: float = 0.0,
 ) -> bool:
     """Whether ``op`` on ``x`` (the queries, or the normalised rows with ``weight``) runs its C
-    kernel: ``choose_kernel`` with this call's facts."""
+    kernel: ``choose_kernel`` with this call's facts. Never inside a ``torch.compile`` region: the
+    kernels are opaque to Dynamo, and there the torch code is what Inductor fuses."""
+    if torch.compiler.is_compiling():
+        return False
     kernel = KERNELS[op]
     return (
         choose_kernel(
@@ -172,7 +177,7 @@ def use_triton(
     ``decode_attention`` (queries ``x`` on a KV ``cache`` layer) in half precision, no window."""
     if op not in TRITON_OPS:
         raise ValueError(f"no Triton kernel for {op!r}; there are {TRITON_OPS}")
-    if op in _torch_only:
+    if op in _torch_only or torch.compiler.is_compiling():  # compiled: Inductor's code
         return False
     if op == "rms_norm":
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):

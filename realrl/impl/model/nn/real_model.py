@@ -18,6 +18,7 @@ from realrl.impl.model.modules.kv_cache import PackedContext
 from realrl.impl.model.modules.norm import make_norm
 from realrl.impl.model.modules.rotary import RotaryEmbedding
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
+from realrl.impl.model.nn.compiled_blocks import CompiledBlocks
 from realrl.impl.model.nn.moe_stats import RouterLog, attach_router_stats
 from realrl.impl.model.nn.router_replay import ExpertRouting
 from realrl.impl.model.nn.transformer_block import TransformerBlock
@@ -68,6 +69,10 @@ def init_critic_head(head: nn.Linear, mode: str = "reward", generator: torch.Gen
     nn.init.zeros_(head.bias)
 
 
+def _call(layer: nn.Module, x: torch.Tensor, rope, ctx, keep) -> torch.Tensor:
+    return layer(x, rope, ctx, keep)
+
+
 class ReaLModel(nn.Module):
     # forward() options the engines may pass: outputs at some tokens only; shared-prefix packing
     packed_forward_options = ("output_index", "prefix_groups", "routed_experts")
@@ -91,6 +96,7 @@ class ReaLModel(nn.Module):
         self.critic_head_init = critic_head_init
         self.lora = None  # nn/lora.py's LoRAConfig once adapters are added
         self.base_path: str | None = None  # the checkpoint the weights came from (a peft folder names it)
+        self.compiled_blocks: CompiledBlocks | None = None  # set by ``compile_blocks``
         self.requested_attn_impl = attn_impl
         # re-resolved when inputs come on another device type or activations in another dtype
         self._attn_key = (torch.device(device or "cpu").type, dtype or torch.get_default_dtype())
@@ -172,11 +178,21 @@ class ReaLModel(nn.Module):
         # replaying every token's, the last layer computes every row too
         routed = getattr(ctx, "router_log", None) is not None or getattr(ctx, "routing", None) is not None
         last = len(self.layers) - 1
+        run = self.compiled_blocks
+        if run is None or not run.applies(ctx):
+            run = _call
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, ctx, output_index if i == last and not routed else None)
+            x = run(layer, x, rope, ctx, output_index if i == last and not routed else None)
         if (routed or not self.layers) and output_index is not None:
             x = ctx.rows(x, output_index)
         return self.final_ln(x)
+
+    def compile_blocks(self, dynamic: bool = True) -> CompiledBlocks:
+        """Run the blocks of packed forwards (training, inference) through ``torch.compile`` from
+        now on (``nn/compiled_blocks.py``); prefill and decoding stay eager."""
+        if self.compiled_blocks is None:
+            self.compiled_blocks = CompiledBlocks(dynamic)
+        return self.compiled_blocks
 
     def packed_context(
         self,

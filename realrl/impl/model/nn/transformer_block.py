@@ -68,11 +68,36 @@ class Attention(nn.Module):
         if rope is not None:  # q and k rotate together: one set of ops for both
             qk = apply_rotary(qk, *rope)
         q, k = qk.split([hq, hkv], dim=1)
-        if keep is None:
+        if torch.compiler.is_compiling():  # the kernels run eagerly, behind a graph break
+            out = eager_attend(ctx, self, q, k, v, keep)
+        elif keep is None:
             out = ctx.attend(self.layer_idx, q, k, v, self.scale, self.window)
         else:
             out = ctx.attend(self.layer_idx, q, k, v, self.scale, self.window, keep)
         return linear(out.reshape(out.shape[0], hq * d), ctx.weight_cache, self.o)
+
+
+@torch.compiler.disable
+def eager_attend(ctx, attn: Attention, q, k, v, keep) -> torch.Tensor:
+    """``ctx.attend`` outside any compiled region (``nn/compiled_blocks.py``): the C and CUDA
+    attention kernels are opaque to Dynamo, and eager they give the eager model's exact result.
+    The layer's index is read here, not in the traced code, where Dynamo would make it a constant
+    and compile every block once more."""
+    if keep is None:
+        return ctx.attend(attn.layer_idx, q, k, v, attn.scale, attn.window)
+    return ctx.attend(attn.layer_idx, q, k, v, attn.scale, attn.window, keep)
+
+
+def run_moe(moe: MoE, h: torch.Tensor, ctx, attn: Attention) -> torch.Tensor:
+    """The sparse MLP; the context carries where routing is recorded, or replayed from."""
+    routing, log = getattr(ctx, "routing", None), getattr(ctx, "router_log", None)
+    return moe(h, log, routing, attn.layer_idx)
+
+
+# A compiled block runs its Mixture of Experts eagerly: the expert slices' sizes are read on the
+# host (data-dependent shapes: a graph break and a recompile per new set of sizes), and routing
+# is recorded into Python objects
+eager_moe = torch.compiler.disable(run_moe)
 
 
 def own_forward(module: nn.Module) -> bool:
@@ -145,9 +170,9 @@ class TransformerBlock(nn.Module):
         attn = self.attn(self.attn_ln(x), rope, ctx, keep)
         x = (x if keep is None else ctx.rows(x, keep)) + self.resid_drop(attn)
         h, mlp = self.mlp_ln(x), self.mlp
-        if isinstance(mlp, MoE):  # the context carries where routing is recorded, or replayed from
-            routing, layer = getattr(ctx, "routing", None), self.attn.layer_idx
-            return x + self.resid_drop(mlp(h, getattr(ctx, "router_log", None), routing, layer))
+        if isinstance(mlp, MoE):
+            moe = eager_moe if torch.compiler.is_compiling() else run_moe
+            return x + self.resid_drop(moe(mlp, h, ctx, self.attn))
         if mlp.gated:
             gate, up = gate_up(h, ctx.weight_cache, mlp)
             h = mlp.act(gate) * up

@@ -1,0 +1,69 @@
+"""``EngineConfig.compile``: whether an engine runs its model's blocks through ``torch.compile``.
+
+The model does the compiling (``ReaLModel.compile_blocks``, ``nn/compiled_blocks.py``); this
+module decides whether it applies, points Inductor's cache at the run's files so a second run
+starts warm, and says so in one log line. It applies to a whole model on one rank: a module split
+by tensor parallelism or FSDP (DTensor parameters), a pipeline stage, or a module without
+``compile_blocks`` runs eagerly, with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from realrl.base import logging
+from realrl.impl.model.backend.config import EngineConfig
+from realrl.impl.model.parallel.dtensor import is_dtensor
+
+logger = logging.getLogger("compile")
+
+# "auto" compiles a train engine of at least this many steps: compiling a toy model's blocks
+# costs ~10-30 s of CPU time once, a compiled step saves a fraction of a second
+AUTO_MIN_STEPS = 200
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+DEFAULT_CACHE_DIR = os.path.join("outputs", ".inductor_cache")
+
+
+def wants_compile(config: EngineConfig, total_train_steps: int | None) -> bool:
+    """ "on"; or "auto" for a train engine (``total_train_steps`` given) of enough steps."""
+    if config.compile == "on":
+        return True
+    if config.compile != "auto" or config.gradient_checkpointing or total_train_steps is None:
+        return False
+    return total_train_steps >= AUTO_MIN_STEPS
+
+
+def compile_module(
+    module: torch.nn.Module, config: EngineConfig, total_train_steps: int | None, pipelined: bool
+):
+    """The module's ``CompiledBlocks`` when compilation applies to it, else None."""
+    if not wants_compile(config, total_train_steps):
+        return None
+    why_not = _why_eager(module, pipelined)
+    if why_not:
+        logger.warning("engine.compile=%s: %s; its blocks run eagerly", config.compile, why_not)
+        return None
+    cache = os.path.abspath(config.compile_cache_dir or DEFAULT_CACHE_DIR)
+    os.environ.setdefault(CACHE_ENV, cache)  # a cache the user named already wins
+    blocks = module.compile_blocks()
+    logger.info(
+        "engine.compile=%s: %d blocks of %s compiled on first use (token dimension dynamic), "
+        "Inductor cache %s; compile/graphs and compile/seconds in the train stats",
+        config.compile,
+        len(module.layers),
+        type(module).__name__,
+        os.environ[CACHE_ENV],
+    )
+    return blocks
+
+
+def _why_eager(module: torch.nn.Module, pipelined: bool) -> str:
+    if pipelined:
+        return "a pipeline stage is not compiled in this version"
+    if not hasattr(module, "compile_blocks"):
+        return f"{type(module).__name__} offers no compile_blocks()"
+    if any(is_dtensor(p) for p in module.parameters()):
+        return "a module split by tensor parallelism or FSDP is not compiled in this version"
+    return ""
