@@ -104,11 +104,13 @@ def test_off_never_calls_torch_compile(monkeypatch):
 
 
 def test_modes_and_cache_dir(monkeypatch, tmp_path):
-    assert not wants_compile(EngineConfig(), 10_000)
-    assert wants_compile(EngineConfig(compile="on"), None)
-    assert wants_compile(EngineConfig(compile="auto"), 10_000)
-    assert not wants_compile(EngineConfig(compile="auto"), 10)
-    assert not wants_compile(EngineConfig(compile="auto"), None)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not wants_compile(EngineConfig(), 10_000, cuda)
+    assert wants_compile(EngineConfig(compile="on"), None, cpu)
+    assert wants_compile(EngineConfig(compile="auto"), 10_000, cuda)
+    assert not wants_compile(EngineConfig(compile="auto"), 10_000, cpu)
+    assert not wants_compile(EngineConfig(compile="auto"), 10, cuda)
+    assert not wants_compile(EngineConfig(compile="auto"), None, cuda)
     with pytest.raises(ValueError, match="compile must be one of"):
         EngineConfig(compile="yes")
     with pytest.raises(ValueError, match="gradient_checkpointing"):

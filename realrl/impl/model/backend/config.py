@@ -83,10 +83,13 @@ class EngineConfig:
     placement"). Only for MoE models, with n_experts divisible by m (``layout_fit``).
     ``compile``: run the transformer blocks of packed forwards (training, inference) through
     ``torch.compile`` (``nn/compiled_blocks.py``, ``backend/compile.py``): "off" (default), "on",
-    or "auto": on for a train engine of at least ``compile.AUTO_MIN_STEPS`` steps, where the
-    one-off compilation is repaid, off otherwise (and always off for an inference engine).
+    or "auto": on for a train engine on CUDA of at least ``compile.AUTO_MIN_STEPS`` steps, where
+    the one-off compilation is repaid, off otherwise (on the CPU, where it measured no steady gain
+    on the toy model, and for an inference engine).
     ``compile_cache_dir``: Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``), so a second run starts
-    warm; "" is ``outputs/.inductor_cache`` under the working folder (the default fileroot).
+    warm; "" is ``$TORCHINDUCTOR_CACHE_DIR`` when set, else ``outputs/.inductor_cache`` under the
+    working folder (the default fileroot). Inductor sets that variable itself once it has used its
+    cache, so a process that compiled something before names its folder explicitly.
     """
 
     dtype: str = "auto"  # auto | fp32 | bf16 | fp16
