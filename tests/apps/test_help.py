@@ -2,17 +2,16 @@
 command line reads, every description whole sentences in plain text."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
 import pytest
 
 from realrl.api.quickstart.base import PlanSearchOptions
-from realrl.api.quickstart.entrypoint import quickstart_experiments
 from realrl.apps.configs import build_config, register_everything
 from realrl.apps.help_text import as_sentence, first_sentence, plain
 from realrl.apps.search import _search_key
-from realrl.experiments.tasks import task_names
 
 
 def run(module, *args, timeout=120):
@@ -43,9 +42,22 @@ def entries(text: str, names: list[str]) -> dict[str, list[str]]:
     return found
 
 
+# the registries as a fresh command line fills them (this process holds what other tests
+# registered too, e.g. examples/my_ppo.py's experiment)
+REGISTERED = """
+import json
+from realrl.api.quickstart.entrypoint import quickstart_experiments
+from realrl.apps.configs import register_everything
+from realrl.experiments.tasks import task_names
+register_everything()
+print(json.dumps([quickstart_experiments(), task_names()]))
+"""
+
+
 def test_quickstart_help_lists_every_registered_experiment_and_task(quickstart_help):
-    register_everything()
-    experiments, tasks = quickstart_experiments(), task_names()
+    fresh = subprocess.run([sys.executable, "-c", REGISTERED], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    experiments, tasks = json.loads(fresh.stdout.strip().splitlines()[-1])
     assert "calc" in tasks and len(tasks) >= 5
     listed = entries(quickstart_help, experiments + tasks)
     assert sorted(listed) == sorted(experiments + tasks)
