@@ -33,6 +33,7 @@ RECORDS = (
     "worker_configs.json",
     "recover",
 )
+RECOVER = "recover"  # moved only with the records of the run that wrote them
 PREVIOUS = "previous"
 STARTED = "experiment_config.json"  # written as a run starts: when it began
 
@@ -47,7 +48,7 @@ def set_aside(run_dir: str, fileroot: str) -> str | None:
     ``run_dir/previous/``, named after when that run started; that folder (None: nothing there to
     move). ``UserError`` when the folder is another user's to write (as a run would refuse it)."""
     names = earlier_records(run_dir)
-    if not names:
+    if not [name for name in names if name != RECOVER]:  # recover points alone are no earlier run's records
         return None
     paths = [os.path.join(run_dir, name) for name in names]
     started = os.path.join(run_dir, STARTED)

@@ -123,8 +123,9 @@ def test_a_resumed_run_continues_its_own_records(trial):
 def test_a_folder_with_checkpoints_only_has_nothing_to_set_aside(tmp_path):
     run_dir = tmp_path / "sft" / "t"
     (run_dir / "checkpoints" / "default" / "final").mkdir(parents=True)
+    (run_dir / "recover").mkdir()  # recover points without a run's records: nothing to go with
     assert set_aside(str(run_dir), str(tmp_path)) is None
-    assert sorted(os.listdir(run_dir)) == ["checkpoints"]
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "recover"]
 
 
 def test_an_earlier_runs_recover_points_go_with_its_records(tmp_path):
