@@ -21,9 +21,18 @@ This check holds every call to NCCL's rules:
   k-th receive is of the k-th message sent (shape and dtype), whatever the tags; messages of host
   tensors (the sample transfers, which go over gloo on GPUs too) are left to gloo's tag matching.
 
-Whether a point-to-point schedule relies on buffering (NCCL's blocking window) is the pipeline
-schedules' check, ``tests/parallel/p2p_window.py``. Model workers import this file as a plugin
-(``import_modules``); it switches on in ``python -m realrl.apps.remote`` processes only.
+As the run goes, every point-to-point message of device tensors is also held to NCCL's blocking
+window (``tests/send_window.py``, shared with the pipeline schedules' unit check
+``tests/parallel/p2p_window.py``): between a pair of ranks on a group, a send waits while more
+than two messages toward its peer have no receive posted there, as on NCCL, where gloo would
+buffer it; after ``REALRL_P2P_WINDOW_TIMEOUT_S`` seconds (120 by default) it raises
+``CollectiveRuleError`` naming the pair, the group and the messages outstanding, and the worker
+fails. The ranks count their posted receives in the world's store. The operations of one
+``batch_isend_irecv`` are posted together, as NCCL's group calls are: its receives count as posted
+before any of its sends waits. Host tensors' messages stay exempt (gloo's, on GPUs too).
+
+Model workers import this file as a plugin (``import_modules``); it switches on in
+``python -m realrl.apps.remote`` processes only.
 """
 
 from __future__ import annotations
@@ -39,11 +48,21 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from realrl.base.plugins import load_attribute
+
+# loaded by path: model workers import this file as a plugin, with the tests' folder not importable
+SendWindow = load_attribute(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "send_window.py:SendWindow")
+)
+
 MARKER = "collective-rules check: on"
 RECORDS_GLOB = "collectives-"
 _DEVICE_TAG = "_device_discipline_tag"  # what tests/device_discipline.py stores on tensors
 P2P_OPS = {"send", "recv_"}
 IGNORED_OPS = {"wait_tensor", "recv_any_source_"}  # the latter refused below, not recorded
+WINDOW = 2  # messages toward a peer that may wait for its receive (NCCL buffers about this much)
+WINDOW_TIMEOUT_ENV = "REALRL_P2P_WINDOW_TIMEOUT_S"
+WINDOW_TIMEOUT_S = 120.0  # generous: a peer may be busy computing before it posts its receive
 # collectives whose tensors NCCL requires of equal shapes on every rank of the group
 SAME_SHAPES = {
     "allreduce_",
@@ -143,13 +162,37 @@ def check_local(op: str, group_desc: str, tensors: list[torch.Tensor]) -> None:
         )
 
 
+_C10D = dist.distributed_c10d.__name__
+
+
+def _batch_of() -> list | None:
+    """The ``p2p_op_list`` of the ``torch.distributed.batch_isend_irecv`` call the op being
+    dispatched comes from, or None. gloo has no group calls: the batch reaches dispatch one op at
+    a time, and nothing the op carries says it belongs to one, so only the caller's frame tells
+    (reading it is fine for a check that only tests load, never for the product)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "batch_isend_irecv" and frame.f_globals.get("__name__") == _C10D:
+            return frame.f_locals.get("p2p_op_list")
+        frame = frame.f_back
+    return None
+
+
 class CollectiveRecorder(TorchDispatchMode):
     """Checks each distributed op as it is issued and records it for the cross-rank comparison."""
 
-    def __init__(self, records_path: str):
+    def __init__(self, records_path: str, window: int = WINDOW, window_timeout_s: float | None = None):
         super().__init__()
         self.records_path = records_path
         self.seen_groups: set[str] = set()
+        self.window = window
+        if window_timeout_s is None:
+            window_timeout_s = float(os.environ.get(WINDOW_TIMEOUT_ENV, WINDOW_TIMEOUT_S))
+        self.window_timeout_s = window_timeout_s
+        # by (world, group, receiver): a description of every device message sent there, in order
+        self.sent: dict[tuple[str, str, int], list[str]] = defaultdict(list)
+        self.batch: list | None = None  # the batch_isend_irecv whose ops are arriving
+        self.batch_left = 0  # its ops yet to arrive
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -160,6 +203,37 @@ class CollectiveRecorder(TorchDispatchMode):
             if op not in IGNORED_OPS:
                 self.observe(func, op, args, kwargs)
         return func(*args, **kwargs)
+
+    def hold_window(self, call: Call, tag: int) -> None:
+        """NCCL's blocking window: count a receive as posted, or wait until a send is within it."""
+        window = SendWindow(
+            dist.distributed_c10d._get_default_store(),
+            self.window,
+            self.window_timeout_s,
+            error=CollectiveRuleError,
+            prefix="p2p-window/",
+        )
+        batch = _batch_of()
+        if batch is not None and (batch is not self.batch or self.batch_left == 0):
+            # the batch's first op: all its receives are posted (NCCL's group call posts them at once)
+            self.batch, self.batch_left = batch, len(batch)
+            for p in batch:
+                if p.op is dist.irecv and getattr(p.tensor, _DEVICE_TAG, None) != "host":
+                    window.post(p.peer, call.rank, f"group {p.group.group_name}")
+        if batch is not None:
+            self.batch_left -= 1
+            if self.batch_left == 0:
+                self.batch = None  # keeps no tensor alive
+        if call.where == "host":  # a sample transfer: gloo's on GPUs too, which buffers it
+            return
+        channel = f"group {call.group}"
+        if call.op == "recv_":
+            if batch is None:
+                window.post(call.peer, call.rank, channel)
+            return
+        sent = self.sent[(call.world, call.group, call.peer)]
+        sent.append(f"#{len(sent)} (tag {tag}, shape {call.shapes[0]}, {call.dtypes[0]})")
+        window.admit(call.rank, call.peer, sent, channel)
 
     def observe(self, func, op: str, args, kwargs) -> None:
         group = _group_of(func, args, kwargs)
@@ -180,6 +254,8 @@ class CollectiveRecorder(TorchDispatchMode):
             peer=_peer(op, args, group),
             where=next(iter({getattr(t, _DEVICE_TAG, None) for t in tensors} - {None}), None),
         )
+        if op in P2P_OPS:
+            self.hold_window(call, int(args[3]))
         lines = []
         if group.group_name not in self.seen_groups:
             self.seen_groups.add(group.group_name)

@@ -16,19 +16,21 @@ torch.distributed's (``StageLinks.p2p``). Before handing a message to gloo it
 
 The operations of one ``batch_isend_irecv`` are posted together, as NCCL's group calls do: its
 receives count as posted before any of its sends waits. Ranks agree through a shared store:
-each pair's count of posted receives, and a description of every message sent.
+each pair's count of posted receives (the window itself is ``tests/send_window.py``'s, which the
+check of every end-to-end run, ``tests/collective_rules.py``, shares), and a description of every
+message sent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import time
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from send_window import SendWindow
 
 
 class P2PWindowError(RuntimeError):
@@ -63,13 +65,10 @@ class WindowedP2P:
 
     def __init__(self, store: dist.Store, window: int = 2, timeout_s: float = 10.0, transport: Any = dist):
         self.store, self.window, self.timeout_s, self.transport = store, window, timeout_s, transport
+        self.admission = SendWindow(store, window, timeout_s, error=P2PWindowError)
         self.rank = dist.get_rank()
         self.sent: dict[int, list[_Message]] = defaultdict(list)  # by receiver: every message sent
         self.posted: dict[int, int] = defaultdict(int)  # by sender: receives posted from it
-
-    @staticmethod
-    def _posted_key(src: int, dst: int) -> str:
-        return f"posted/{src}->{dst}"
 
     @staticmethod
     def _message_key(src: int, dst: int, index: int) -> str:
@@ -80,27 +79,14 @@ class WindowedP2P:
         mine = self.sent[dst]
         message = _Message.of(len(mine), tensor, tag)
         mine.append(message)
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            posted = self.store.add(self._posted_key(self.rank, dst), 0)
-            if len(mine) - posted <= self.window:
-                break
-            if time.monotonic() > deadline:
-                outstanding = ", ".join(str(m) for m in mine[posted:])
-                raise P2PWindowError(
-                    f"rank {self.rank} -> rank {dst}: send {message} blocks: {len(mine) - posted} messages "
-                    f"toward rank {dst} have no receive posted there (window {self.window}; rank {dst} "
-                    f"posted {posted} receives from rank {self.rank} in {self.timeout_s:g} s); "
-                    f"outstanding: {outstanding}"
-                )
-            time.sleep(0.002)
+        self.admission.admit(self.rank, dst, mine)
         self.store.set(self._message_key(self.rank, dst, message.index), message.encode())
 
     def _post(self, src: int) -> int:
         """Count a receive from ``src`` as posted; its index among the receives from ``src``."""
         index = self.posted[src]
         self.posted[src] += 1
-        self.store.add(self._posted_key(src, self.rank), 1)
+        self.admission.post(src, self.rank)
         return index
 
     def _check(self, tensor: torch.Tensor, src: int, tag: int, index: int) -> None:
