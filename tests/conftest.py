@@ -28,6 +28,19 @@ def ray_cluster():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def toy_fileroot(tmp_path_factory):
+    """One fileroot for the toy task's end-to-end runs of the whole session: its SFT and reward
+    phases run once, and every later run reuses their checkpoints."""
+    return str(tmp_path_factory.mktemp("toy-runs"))
+
+
+@pytest.fixture(scope="session")
+def arith_fileroot(tmp_path_factory):
+    """The same for the arithmetic task's runs."""
+    return str(tmp_path_factory.mktemp("arith-runs"))
+
+
 @pytest.fixture
 def one_rank_group():
     """A single-rank gloo group (an in-memory store, no network), destroyed after the test."""

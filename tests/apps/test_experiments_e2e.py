@@ -37,9 +37,9 @@ TOY_SUMMARY_KEYS = (
 )
 
 
-@pytest.fixture(scope="module")
-def fileroot(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("runs"))
+@pytest.fixture(scope="session")
+def fileroot(toy_fileroot):
+    return toy_fileroot
 
 
 # Every run here is also the device-discipline check (tests/device_discipline.py): its model

@@ -24,9 +24,9 @@ SHORT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def fileroot(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("arith"))
+@pytest.fixture(scope="session")
+def fileroot(arith_fileroot):
+    return arith_fileroot
 
 
 @pytest.mark.parametrize(

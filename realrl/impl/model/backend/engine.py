@@ -144,7 +144,8 @@ class InferenceEngine:
         if self.casts_module:
             module.to(self.dtype)
         if is_fsdp(module):
-            settle_root(module)
+            with self._autocast():  # the dry forward computes as every later call does
+                settle_root(module)
         if self.offload:
             module.to("cpu")
 
