@@ -320,7 +320,11 @@ def problems(calls: list[Call], created: dict[tuple[str, int], list[list[int]]])
         first = per_rank[ranks[0]]
         for r in ranks[1:]:
             for i, (a, b) in enumerate(zip(first, per_rank[r])):
-                if (a.op, a.dtypes) != (b.op, b.dtypes) or (a.op in SAME_SHAPES and a.shapes != b.shapes):
+                # one dtype per call (checked where issued); a rooted op's lists (gather_'s outputs,
+                # scatter_'s inputs) exist on its root alone, so the count of tensors may differ
+                if (a.op, set(a.dtypes)) != (b.op, set(b.dtypes)) or (
+                    a.op in SAME_SHAPES and a.shapes != b.shapes
+                ):
                     found.append(
                         f"group {group} (ranks {a.ranks}), collective {i}: rank {ranks[0]} issued {a.op} "
                         f"{a.shapes} {a.dtypes}, rank {r} issued {b.op} {b.shapes} {b.dtypes}"

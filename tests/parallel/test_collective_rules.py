@@ -14,7 +14,7 @@ import torch.distributed as dist
 from _ranks import run_ranks
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from collective_rules import CollectiveRuleError, check_folder, problems, start  # noqa: E402
+from collective_rules import Call, CollectiveRuleError, check_folder, problems, start  # noqa: E402
 
 TAG = "_device_discipline_tag"
 
@@ -141,3 +141,18 @@ def test_groups_two_ranks_share_created_in_another_order_are_named():
     assert problems([], {k: v[:2] for k, v in created.items()}) == []  # [0] and [1]: each its own
     (found,) = problems([], created)
     assert "new_group order" in found and "[0, 1] on rank 0 but [0, 1, 2] on rank 1" in found
+
+
+def test_a_rooted_gather_passes_and_another_dtype_does_not():
+    """``gather_object`` on two ranks: the root passes its input and both outputs, the other rank
+    its input alone (NCCL's gather as torch issues it); one dtype on both is all NCCL needs."""
+
+    def gather(rank, n, dtype="torch.uint8"):
+        return Call("w", rank, "gather_", "g", [0, 1], [[5]] * n, [dtype] * n)
+
+    assert problems([gather(0, 3), gather(1, 1)], {}) == []
+    (found,) = problems([gather(0, 3), gather(1, 1, "torch.int8")], {})
+    assert (
+        "collective 0: rank 0 issued gather_" in found
+        and "rank 1 issued gather_ [[5]] ['torch.int8']" in found
+    )
