@@ -7,10 +7,12 @@ Reallocation"). A worker runs its requests in the order the master posts them, s
 master records at posting time is exactly what each worker will hold when it reaches the call:
 a copy is current when no training call of its model was posted since it was filled.
 
-Weight pushes (asynchronous RL, copies on workers of their own, host-memory messages): after each
-training call, its workers post the sends of the new weights to the generation copy at once and
-go on; the copy's next call receives every version pushed since its last (the newest lands last).
-A training worker then never waits for a busy generation worker, nor the reverse.
+Weight pushes (asynchronous RL, copies on workers of their own; over NCCL on GPUs, gloo on CPUs):
+after each training call, its workers post the sends of the new weights to the generation copy at
+once and go on; the copy's next call receives every version pushed since its last (the newest
+lands last). A training worker then never waits for a busy generation worker, nor the reverse.
+The copy's first fill is an ordinary reallocation, which also creates the group's communicator
+the pushes then use.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class CopyTracker:
 
     def push_placements(self, role: str) -> list[Placement]:
         """The generation copies of ``role`` its training calls push to: under asynchronous RL, on
-        workers apart from home, with messages through host memory (CPU devices; on GPUs the
-        moves go over NCCL, and the copies are refilled by an ordinary reallocation)."""
+        workers apart from home (a worker on both sides would wait for its own receive); on any
+        device."""
         cfg = self.config
         if not self.rule.pushes_weights():
             return []

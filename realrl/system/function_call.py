@@ -38,6 +38,16 @@ class ReallocResult:
 
 
 @dataclasses.dataclass
+class PushResult:
+    """A call's weight pushes (asynchronous RL) as the run's statistics show them: a training
+    call's sends of its new version, or the pushed versions a generate call received first."""
+
+    bytes_sent: int  # summed over the sending workers
+    send_blocked_s: float  # packing and posting: the slowest sending worker's
+    recv_blocked_s: float  # receiving and scattering: the slowest receiving worker's
+
+
+@dataclasses.dataclass
 class CallResult:
     ids: list[Hashable]
     stats: dict[str, float]
@@ -48,6 +58,7 @@ class CallResult:
     dropped: list[Hashable] = dataclasses.field(default_factory=list)  # ids a filtering call drops
     unfinished: int = 0  # a generate call in pieces: answers still being decoded, all dp ranks
     rank_stats: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per dp rank
+    push: PushResult | None = None
 
     def then(self, later: CallResult) -> CallResult:
         """This piece of a generate call followed by ``later``: the workers' seconds add up, the
@@ -66,6 +77,7 @@ class CallResult:
             dropped=self.dropped + later.dropped,
             unfinished=later.unfinished,
             rank_stats=ranks,
+            push=later.push,  # like realloc: an earlier piece's is in the step's record already
         )
 
 
@@ -207,6 +219,7 @@ class CallDispatcher:
             dropped=dropped,
             unfinished=unfinished,
             rank_stats=stats,
+            push=_push_result(replies),
         )
 
 
@@ -230,6 +243,17 @@ def _realloc_result(order: ReallocOrder | None, replies: dict[int, MFCReply]) ->
         bytes=int(sum(r.get("bytes_received", 0) for r in reports)),
         seconds=max((r.get("seconds", 0.0) for r in reports), default=0.0),
         wait_seconds=max((r.get("wait_seconds", 0.0) for r in reports), default=0.0),
+    )
+
+
+def _push_result(replies: dict[int, MFCReply]) -> PushResult | None:
+    reports = [r.pushed for r in replies.values() if r.pushed]
+    if not reports:
+        return None
+    return PushResult(
+        bytes_sent=int(sum(r.get("bytes_sent", 0) for r in reports)),
+        send_blocked_s=max(r.get("send_blocked_s", 0.0) for r in reports),
+        recv_blocked_s=max(r.get("recv_blocked_s", 0.0) for r in reports),
     )
 
 

@@ -4,6 +4,10 @@ A copy is an inference-only model (no optimizer, never FSDP) in the call's layou
 on first use, filled from the home ranks by a planned reallocation
 (``realrl.impl.model.comm``), freed after its call unless its role keeps it
 (``<role>.keep_gen_copy``). The home model, and with it the optimizer state, is never touched.
+
+Under asynchronous RL a kept copy on workers of its own then takes each new version as a weight
+push (``send_weights`` on the home ranks, ``receive_weights`` on the copy's), over the same group
+as its first fill, on the GPU under NCCL and through host memory under gloo.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class ModelCopies:
         self.specs = {s.role: s.spec for s in specs}
         self.live: dict[str, model_api.Model] = {}
         self.plans: dict[tuple[str, bool], ReallocPlan] = {}
+        # the groups whose communicator a reallocation created (every member there at once): the
+        # only ones a push, whose halves run apart, may use
+        self.connected: set[tuple[int, ...]] = set()
 
     def __getitem__(self, name: str) -> model_api.Model:
         return self.live[name]
@@ -81,6 +88,7 @@ class ModelCopies:
         stats = reallocate(
             plan, self.me, src, dst, self.timeout.total_seconds(), order.first_tag, group=group
         )
+        self.connected.add(tuple(order.workers))
         if name in self.live:  # the version it now holds: what its generate calls stamp their samples with
             self.live[name].version.global_step = order.version
         return {
@@ -90,22 +98,29 @@ class ModelCopies:
             "wait_seconds": waited,
         }
 
-    def send_weights(self, order: ReallocOrder, home: model_api.Model) -> list[tuple[Any, Any, int]]:
+    def send_weights(
+        self, order: ReallocOrder, home: model_api.Model
+    ) -> tuple[list[tuple[Any, Any, int]], dict[str, float]]:
         """The send half of a weight push (asynchronous RL): post this home rank's messages to the
-        copy ``order`` names and return (work, buffer, peer) for each, not waited for."""
-        name = copy_name(order.role, order.dst)
-        plan = self._plan(order, name, self.specs[order.role])
-        group = self.groups[tuple(order.workers)]
-        return post_sends(plan, self.me, home.module.module, order.first_tag, group=group)
+        copy ``order`` names. (work, buffer, peer) for each, not waited for, and the bytes sent
+        with the seconds this worker was blocked packing and posting them."""
+        tik = time.perf_counter()
+        group = self._push_group(order)
+        plan = self._plan(order, copy_name(order.role, order.dst), self.specs[order.role])
+        sends = post_sends(plan, self.me, home.module.module, order.first_tag, group=group)
+        blocked = time.perf_counter() - tik
+        return sends, {"bytes_sent": sum(buf.numel() for _, buf, _ in sends), "send_blocked_s": blocked}
 
     def receive_weights(self, order: ReallocOrder, tokenizer: Any) -> dict[str, float]:
         """The receive half of a weight push: the copy (built on its first fill) takes the version
-        ``order`` carries. Bytes received and seconds, as ``reallocate`` reports them."""
+        ``order`` carries. Bytes received and seconds, as ``reallocate`` reports them, and the
+        seconds this worker was blocked receiving and scattering them (``recv_blocked_s``)."""
+        tik = time.perf_counter()
+        group = self._push_group(order)
         name = copy_name(order.role, order.dst)
         if name not in self.live:
             self.live[name] = self._build(order.role, name, tokenizer)
         plan = self._plan(order, name, self.specs[order.role])
-        group = self.groups[tuple(order.workers)]
         stats = receive(
             plan,
             self.me,
@@ -120,7 +135,21 @@ class ModelCopies:
             "bytes_received": stats.bytes_received,
             "seconds": stats.seconds,
             "wait_seconds": 0.0,
+            "recv_blocked_s": time.perf_counter() - tik,
         }
+
+    def _push_group(self, order: ReallocOrder) -> dist.ProcessGroup:
+        """The group of ``order``'s workers, once a reallocation has used it: a push posts its
+        half without the others there, which must never be its communicator's first use (NCCL
+        creates a communicator collectively, with every member present)."""
+        workers = tuple(order.workers)
+        if workers not in self.connected:
+            raise RuntimeError(
+                f"weight push of {order.role!r} (version {order.version}) to {order.dst} on worker "
+                f"{self.me}: no reallocation has used the group of workers {list(workers)} yet, so "
+                "its communicator does not exist; the copy's first fill must be a reallocation"
+            )
+        return self.groups[workers]
 
     def _plan(self, order: ReallocOrder, name: str, spec: Any) -> ReallocPlan:
         """The same plan on every worker of the order: a pure function of the two placements, the

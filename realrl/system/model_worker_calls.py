@@ -58,6 +58,8 @@ class MFCRunner:
 
     def _run(self, req: MFCRequest) -> MFCReply:
         moves = [self._receive_weights(order) for order in req.weight_receives]
+        # the pushes' own figure: the seconds receiving them blocked this worker
+        received = _sum_moves([{"recv_blocked_s": m.pop("recv_blocked_s")} for m in moves])
         if req.realloc is not None:
             moves.append(self._reallocate(req))
         realloc = _sum_moves(moves)
@@ -67,13 +69,14 @@ class MFCRunner:
         run_transfers(self.store, req.pieces, self.config.worker_index, self.config.timeouts.peer, self.sends)
         call = req.call
         if call is None:
-            return MFCReply(realloc=realloc)
+            return MFCReply(realloc=realloc, pushed=received)
         try:
             reply = self._call(call)
         finally:
             if call.drop_copy:
                 self.held.copies.drop(call.copy)
         reply.realloc = realloc
+        reply.pushed = _sum_moves([m for m in (reply.pushed, received) if m])
         return reply
 
     def _receive_weights(self, order: ReallocOrder) -> dict[str, float]:
@@ -111,10 +114,13 @@ class MFCRunner:
         if mfc.interface_type is ModelInterfaceType.TRAIN_STEP:
             # the interface advances model.version (PPO may step the optimizer several times)
             stats = interface.train_step(model, data, mfc.mb_spec)
+            pushed = []
             for order in call.push_weights:  # the new weights leave for the generation copies now
-                for work, buf, peer in self.held.copies.send_weights(order, model):
+                sends, figures = self.held.copies.send_weights(order, model)
+                for work, buf, peer in sends:
                     self.sends.add(work, buf, f"{mfc.role} version {order.version}", peer)
-            return MFCReply(stats=float_stats(stats, mfc.name))
+                pushed.append(figures)
+            return MFCReply(stats=float_stats(stats, mfc.name), pushed=_sum_moves(pushed))
         if mfc.interface_type is ModelInterfaceType.GENERATE and call.segment is not None:
             return self._generate_piece(mfc, call, model, data)
         if mfc.interface_type is ModelInterfaceType.GENERATE:
@@ -188,10 +194,11 @@ class MFCRunner:
 
 
 def _sum_moves(moves: list[dict[str, float]]) -> dict[str, float] | None:
-    """One report of a call's weight moves (pushed versions received, a reallocation)."""
+    """One report of a call's weight moves (pushed versions received, a reallocation; or the
+    figures of its pushes): each figure summed."""
     if not moves:
         return None
-    return {k: sum(m.get(k, 0.0) for m in moves) for k in moves[0]}
+    return {k: sum(m.get(k, 0.0) for m in moves) for k in dict.fromkeys(k for m in moves for k in m)}
 
 
 def float_stats(stats, mfc_name: str) -> dict[str, float]:

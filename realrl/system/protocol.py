@@ -170,4 +170,7 @@ class MFCReply:
     dropped: list | None = None  # ids a filtering call drops from the batch (dynamic sampling)
     seconds: float | None = None  # the worker's own time on the call (transfers + compute)
     realloc: dict[str, float] | None = None  # bytes_sent, bytes_received, seconds of its reallocation
+    # its weight pushes: bytes_sent and send_blocked_s (a training call's sends), recv_blocked_s
+    # (receiving the pushed versions it took first)
+    pushed: dict[str, float] | None = None
     unfinished: int = 0  # a generate call in pieces: answers this worker is still decoding

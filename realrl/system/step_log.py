@@ -2,7 +2,7 @@
 
 A record opens when the step's batch joins the graph (``{"step", "epoch", "timing"}``, 1-based),
 collects what each finished call adds (``<mfc>/<stat>``, ``timing/<mfc>``, reallocations under
-``realloc/<role>/...``, the parts' own keys: ``eval/*``, ``async/*``, ``dynamic_sampling/*``) and
+``realloc/<role>/...``, weight pushes under ``push/<role>/...``, the parts' own keys: ``eval/*``, ``async/*``, ``dynamic_sampling/*``) and
 is written, in step order, once every call of its step is done: a line of ``stats.jsonl``, the
 decoded samples in ``samples.jsonl``, one short log line (the step's seconds and a few key
 figures), the ``on_step`` callback (progress bar, TensorBoard).
@@ -62,7 +62,8 @@ class StepLog:
     def realloc(self, step: int, role: str, result: CallResult) -> None:
         """A step's reallocations of ``role`` under ``realloc/<role>/...``: bytes received (all
         workers), seconds moving and seconds waiting for busy workers to arrive (the slowest
-        worker, summed over the step's moves), count and moves."""
+        worker, summed over the step's moves), count and moves. Its weight pushes too (``push``)."""
+        self.push(step, role, result)
         moved = result.realloc
         if moved is None:
             return
@@ -75,6 +76,23 @@ class StepLog:
         moves = record.get(f"{prefix}/moves")
         record[f"{prefix}/moves"] = moved.move if moves is None else f"{moves}; {moved.move}"
         record["timing"][prefix] = record[f"{prefix}/seconds"]
+
+    def push(self, step: int, role: str, result: CallResult) -> None:
+        """A step's weight pushes of ``role`` (asynchronous RL) under ``push/<role>/...``, summed
+        over the step's calls: ``bytes`` its training calls pushed (all sending workers),
+        ``send_blocked_s`` the seconds they were blocked packing and posting them, and
+        ``recv_blocked_s`` the seconds its generate calls were blocked receiving and scattering
+        the versions pushed to them (each the slowest worker's)."""
+        pushed = result.push
+        if pushed is None:
+            return
+        record, prefix = self.records[step], f"push/{role}"
+        for key, value in (
+            ("bytes", float(pushed.bytes_sent)),
+            ("send_blocked_s", pushed.send_blocked_s),
+            ("recv_blocked_s", pushed.recv_blocked_s),
+        ):
+            record[f"{prefix}/{key}"] = round(record.get(f"{prefix}/{key}", 0.0) + value, 6)
 
     # -- finishing records -------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ pushes) is read from here; it holds no state of the run.
 
 from __future__ import annotations
 
-from realrl.api.core.devices import is_cuda
 from realrl.api.core.dfg import MFCDef, ModelInterfaceType
 from realrl.api.core.system_api import ExperimentConfig
 
@@ -46,9 +45,8 @@ class VersionRule:
 
     def pushes_weights(self) -> bool:
         """Whether training calls push each new version to the generation copies on workers of
-        their own (asynchronous RL with messages through host memory: CPU devices; on GPUs the
-        copies are refilled by an ordinary reallocation)."""
-        return self.asynchronous and not is_cuda(self.config.device)
+        their own: under asynchronous RL, on every device (over NCCL on GPUs, gloo on CPUs)."""
+        return self.asynchronous
 
     def serves_a_call(self, version: int, total_steps: int) -> bool:
         """Whether a generate call will sample from ``version`` (version v serves the call of step

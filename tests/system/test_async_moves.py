@@ -60,11 +60,11 @@ def test_a_piece_receives_only_the_versions_whose_training_is_done(tmp_path):
     assert done.receives == (push,) and not done.realloc and done.version == 1
 
 
-def test_no_pushes_to_a_copy_sharing_workers_with_home_or_over_nccl(tmp_path):
+def test_no_pushes_to_a_copy_sharing_workers_with_home(tmp_path):
     overlapping, mfc = _tracker(tmp_path, gen=Placement(Layout(2, 1, 1), (1, 2)))
     assert overlapping.push_placements("actor") == []
-    on_gpus, _ = _tracker(tmp_path, device="cuda")
-    assert on_gpus.push_placements("actor") == []
+    on_gpus, _ = _tracker(tmp_path, device="cuda")  # NCCL pushes as gloo does (test_nccl_pushes.py)
+    assert on_gpus.push_placements("actor") == [GEN]
     overlapping.plan(mfc["gen"], 0)
     overlapping.plan(mfc["actor_train"], 0)
     assert overlapping.weight_pushes(mfc["actor_train"], total_steps=10) == []

@@ -246,24 +246,27 @@ def _wire(group: dist.ProcessGroup | None) -> tuple[torch.device, bool]:
     return device, device.type == "cuda"
 
 
+def _batch(ops: list[tuple[Callable, torch.Tensor, int, int]], group: dist.ProcessGroup | None) -> list:
+    """``ops`` as one ``batch_isend_irecv`` (peers: global ranks): one NCCL group call and one
+    work for all, or under gloo one message and one work each."""
+    if not ops:
+        return []
+    return dist.batch_isend_irecv([dist.P2POp(fn, t, peer, group=group, tag=tag) for fn, t, peer, tag in ops])
+
+
 def _post(
     ops: list[tuple[Callable, torch.Tensor, int, int]],
     group: dist.ProcessGroup | None,
     device: torch.device,
     batched: bool,
 ) -> list[dist.Work]:
-    """Post every message on ``group`` (peers are global ranks, torch maps them into the group).
-    A batch uses the group's NCCL communicator, created by its first use with every member
-    present: all of them take part in one all-reduce on the device first (which, unlike a barrier
-    on a mixed gloo/NCCL group, goes to NCCL on every torch version), also those with nothing to
-    send or receive."""
+    """Post every message of a reallocation on ``group``. A batch uses the group's NCCL
+    communicator, created by its first use with every member present: all of them take part in
+    one all-reduce on the device first (which, unlike a barrier on a mixed gloo/NCCL group, goes
+    to NCCL on every torch version), also those with nothing to send or receive."""
     if batched:
         dist.all_reduce(torch.zeros(1, device=device), group=group)
-        if not ops:
-            return []
-        return dist.batch_isend_irecv(
-            [dist.P2POp(fn, t, peer, group=group, tag=tag) for fn, t, peer, tag in ops]
-        )
+        return _batch(ops, group)
     return [fn(t, peer, group=group, tag=tag) for fn, t, peer, tag in ops]
 
 
@@ -334,16 +337,13 @@ def move(
 
 
 def _halves_possible(plan: ReallocPlan, group: dist.ProcessGroup | None) -> torch.device:
-    """Pushes (a send half now, its receive half later) need host buffers (gloo, whose sends
-    progress without the sender waiting) and source and destination on different workers."""
-    device, batched = _wire(group)
-    if batched:
-        raise ValueError("a weight push goes over host memory (gloo); with NCCL the move is one reallocation")
+    """Pushes (a send half now, its receive half later) need source and destination on different
+    workers: a worker on both sides would wait for its own receive. Where the buffers live."""
     if set(plan.src_workers) & set(plan.dst_workers):
         raise ValueError(
             f"a weight push needs disjoint workers: {sorted(plan.src_workers)} -> {sorted(plan.dst_workers)}"
         )
-    return device
+    return _wire(group)[0]
 
 
 @torch.no_grad()
@@ -355,15 +355,22 @@ def post_sends(
     *,
     group: dist.ProcessGroup,
 ) -> list[tuple[dist.Work, torch.Tensor, int]]:
-    """The send half of ``plan`` on source worker ``me`` (a weight push): pack and post every
-    message, wait for none. (work, buffer, peer) per message: the caller keeps each buffer until
-    its work completes, when the destination takes it (``receive``)."""
+    """The send half of ``plan`` on source worker ``me`` (a weight push): one message per
+    destination, posted as one batch on ``group`` (GPU buffers under NCCL, host ones under gloo),
+    waited for by nobody: the caller keeps each (work, buffer, peer) until the work completes.
+    No all-reduce first (the destinations are busy elsewhere): the group's communicator must
+    exist, created by a reallocation (the caller checks). NCCL matches a pair's messages in
+    order: the destinations receive the pushes in the order they were posted."""
     device = _halves_possible(plan, group)
     reshard_fsdp(src_module)
     src = local_tensors(src_module, plan.src_boxes, me, "source")
+    # On CUDA the pack runs on the current stream and NCCL's stream waits for it by an event,
+    # never by a host sync: a destination not there yet stalls only that NCCL stream, not this
+    # host nor its compute stream (under gloo the sends progress on gloo's own threads).
     ops = _send_ops(plan, me, src, device, first_tag)
-    works = _post(ops, group, device, batched=False)
-    return [(w, buf, peer) for w, (_, buf, peer, _) in zip(works, ops)]
+    works = _batch(ops, group)
+    works = works * len(ops) if len(works) == 1 else works  # NCCL's one work completes them all
+    return [(w, buf, peer) for w, (_, buf, peer, _) in zip(works, ops, strict=True)]
 
 
 @torch.no_grad()
@@ -377,12 +384,12 @@ def receive(
     group: dist.ProcessGroup,
 ) -> ReallocStats:
     """The receive half of ``plan`` on destination worker ``me``: what the sources posted with
-    ``post_sends`` lands in ``dst_module``."""
+    ``post_sends`` lands in ``dst_module``: one message per source, one batch, no all-reduce."""
     start = time.perf_counter()
     device = _halves_possible(plan, group)
     dst = local_tensors(dst_module, plan.dst_boxes, me, "destination")
     ops, received = _receive_ops(plan, me, device, first_tag)
-    works = _post(ops, group, device, batched=False)
+    works = _batch(ops, group)
     _wait(works, me, plan.pairs(), timeout_s, time.monotonic() + timeout_s)
     _scatter(plan, me, received, dst)
     return ReallocStats(0, sum(buf.numel() for buf, _ in received), time.perf_counter() - start)
