@@ -19,9 +19,11 @@ This check holds every call to NCCL's rules:
   issued the same sequence of collectives (op, dtypes, and shapes where NCCL needs equal
   shapes), every rank created its groups in the same order, and between a pair of ranks the
   k-th receive is of the k-th message sent (shape and dtype), whatever the tags; messages of host
-  tensors (the sample transfers, which go over gloo on GPUs too) are left to gloo's tag matching.
+  tensors on the default group (the sample transfers, which go over gloo on GPUs too) are left to
+  gloo's tag matching. Weight moves and pushes travel through host buffers on the CPU but on
+  groups of their own, and through device buffers over NCCL on GPUs: they are held to the rules.
 
-As the run goes, every point-to-point message of device tensors is also held to NCCL's blocking
+As the run goes, every point-to-point message NCCL would carry is also held to NCCL's blocking
 window (``tests/send_window.py``, shared with the pipeline schedules' unit check
 ``tests/parallel/p2p_window.py``): between a pair of ranks on a group, a send waits while more
 than two messages toward its peer have no receive posted there, as on NCCL, where gloo would
@@ -29,7 +31,7 @@ buffer it; after ``REALRL_P2P_WINDOW_TIMEOUT_S`` seconds (120 by default) it rai
 ``CollectiveRuleError`` naming the pair, the group and the messages outstanding, and the worker
 fails. The ranks count their posted receives in the world's store. The operations of one
 ``batch_isend_irecv`` are posted together, as NCCL's group calls are: its receives count as posted
-before any of its sends waits. Host tensors' messages stay exempt (gloo's, on GPUs too).
+before any of its sends waits. The sample transfers stay exempt (gloo's, on GPUs too).
 
 Model workers import this file as a plugin (``import_modules``); it switches on in
 ``python -m realrl.apps.remote`` processes only.
@@ -178,6 +180,23 @@ def _batch_of() -> list | None:
     return None
 
 
+def _gloo_on_gpus(call: Call, group=None, tensor=None) -> bool:
+    """Whether a message goes over gloo on GPUs too: a host tensor on the default group (the
+    sample transfers, which gloo buffers and matches by tag). Weight moves use host buffers on the
+    CPU but groups of their own, and device buffers (NCCL) on GPUs: they keep NCCL's rules here."""
+    if tensor is not None:
+        where = getattr(tensor, _DEVICE_TAG, None)
+        name = (group if group is not None else dist.group.WORLD).group_name
+    else:
+        where, name = call.where, call.group
+    return where == "host" and name == _default_group_name()
+
+
+def _default_group_name() -> str:
+    """The default group's name (torch names it "0"; the records are read after the run)."""
+    return dist.group.WORLD.group_name if dist.is_initialized() else "0"
+
+
 class CollectiveRecorder(TorchDispatchMode):
     """Checks each distributed op as it is issued and records it for the cross-rank comparison."""
 
@@ -218,13 +237,13 @@ class CollectiveRecorder(TorchDispatchMode):
             # the batch's first op: all its receives are posted (NCCL's group call posts them at once)
             self.batch, self.batch_left = batch, len(batch)
             for p in batch:
-                if p.op is dist.irecv and getattr(p.tensor, _DEVICE_TAG, None) != "host":
+                if p.op is dist.irecv and not _gloo_on_gpus(call, p.group, p.tensor):
                     window.post(p.peer, call.rank, f"group {p.group.group_name}")
         if batch is not None:
             self.batch_left -= 1
             if self.batch_left == 0:
                 self.batch = None  # keeps no tensor alive
-        if call.where == "host":  # a sample transfer: gloo's on GPUs too, which buffers it
+        if _gloo_on_gpus(call):  # a sample transfer: gloo's on GPUs too, which buffers it
             return
         channel = f"group {call.group}"
         if call.op == "recv_":
@@ -309,7 +328,7 @@ def problems(calls: list[Call], created: dict[tuple[str, int], list[list[int]]])
     p2p: dict[tuple[str, str, int, int], dict[str, list[Call]]] = defaultdict(lambda: defaultdict(list))
     for c in calls:
         if c.op in P2P_OPS:
-            if c.where == "host":  # a sample transfer: gloo's, on GPUs too, where tags match
+            if _gloo_on_gpus(c):  # a sample transfer: gloo's, on GPUs too, where tags match
                 continue
             src, dst = (c.rank, c.peer) if c.op == "send" else (c.peer, c.rank)
             p2p[(c.world, c.group, src, dst)][c.op].append(c)
