@@ -1,9 +1,10 @@
 """``python -m realrl.apps.selfcheck``: one command that checks a machine, GPU or not.
 
 On a CUDA machine it runs, each as a subprocess with a time limit: the ``gpu``-marked tests, the
-main job (toy PPO on the GPU), GRPO with two workers sharing the GPU, tensor parallelism, FSDP,
-a per-call layout with reallocation, ``benchmarks/bench_generate.py`` against its targets, and
-``benchmarks/bench_forward.py`` (forward + backward against transformers). Without CUDA it runs the
+main job (toy PPO on the GPU), its train/rollout log-prob mismatch in bf16, GRPO with two workers
+sharing the GPU, tensor parallelism, FSDP, a per-call layout with reallocation,
+``benchmarks/bench_generate.py`` against its targets (with each Triton kernel's share of a decoding
+step), and ``benchmarks/bench_forward.py`` (forward + backward against transformers). Without CUDA it runs the
 same experiment checks with ``device=cpu`` and the generation benchmark at a tiny size. A failing
 check does not stop the others; at the end one report, ``selfcheck.json`` with ``selfcheck.md``
 beside it, and a table on stdout. Exit status 0 when every check passed or was skipped, else 1
@@ -146,11 +147,16 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def engine_dtype(device: str) -> str:
+    """What the engines' default dtype ("auto") resolves to on ``device``: ``bfloat16`` on CUDA."""
+    from realrl.impl.model.backend.config import EngineConfig
+
+    return str(EngineConfig().resolve_dtype(device)).removeprefix("torch.")
+
+
 def probe_environment(repo: str, has_cuda: bool) -> dict[str, Any]:
     """The machine and software the report describes (``selfcheck_report.ENV_FIELDS``)."""
     import torch
-
-    from realrl.impl.model.backend.config import EngineConfig
 
     device = "cuda" if has_cuda else "cpu"
     commit = _output(["git", "rev-parse", "HEAD"], cwd=repo)
@@ -176,7 +182,7 @@ def probe_environment(repo: str, has_cuda: bool) -> dict[str, Any]:
         "python_version": platform.python_version(),
         "cpu_count": os.cpu_count(),
         # what every run here trains and decodes in: the engines' default dtype ("auto") on this device
-        "engine_dtype": str(EngineConfig().resolve_dtype(device)).removeprefix("torch."),
+        "engine_dtype": engine_dtype(device),
         "git_commit": commit,
         "git_dirty": dirty,
     }
@@ -243,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fileroot = os.path.abspath(args.fileroot or tempfile.mkdtemp(prefix="realrl-selfcheck-"))
     try:
         selected = select_checks(
-            build_checks(device, repo, fileroot, args.quick),
+            build_checks(device, repo, fileroot, args.quick, engine_dtype(device)),
             has_cuda,
             args.only,
             args.skip_cpu,

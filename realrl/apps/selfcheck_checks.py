@@ -1,9 +1,10 @@
 """The checks of ``python -m realrl.apps.selfcheck``: what each runs (its command, time limit,
 figures and targets), in the order they run, and which of them run on this machine.
 
-The experiment checks run toy PPO and GRPO through ``realrl.apps.quickstart`` (the main job,
-two workers sharing a GPU, tensor parallelism, FSDP, per-call layouts with reallocation); the
-others run the ``gpu``-marked tests and the generation and forward benchmarks.
+The experiment checks run toy PPO and GRPO through ``realrl.apps.quickstart`` (the main job, its
+train/rollout log-prob mismatch, two workers sharing a GPU, tensor parallelism, FSDP, per-call
+layouts with reallocation); the others run the ``gpu``-marked tests and the generation (with each
+Triton kernel's share of a decoding step) and forward benchmarks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from realrl.apps.selfcheck_report import (
     parse_bench_forward,
     parse_bench_generate,
     parse_pytest,
+    rollout_corr_figures,
     summary_figures,
 )
 
@@ -52,10 +54,26 @@ MAIN_FIGURES = (
 SHORT_FIGURES = ("steps", "wall_seconds", "true_reward_mean", "kl")
 # the phases a shortened run builds on, when they are not under fileroot yet, shortened too
 SHORT_PREREQUISITES = 'prerequisite_overrides=["exp_ctrl.total_train_steps=2","dataset.train_bs_n_seqs=8"]'
-# the decoding bench: the README's target row on CUDA; on a CPU the smallest run that still times
+# the mismatch check's figures: the trainer's log-probs against the decoder's, per answer token
+# l = log pi_train - log pi_rollout (rollout_correction.offpolicy_metrics): max |l|, the answers'
+# mean |difference of mean log-probs|, the k1 KL (mean of -l) and the k3 KL (mean of e^l - 1 - l)
+MISMATCH_SHOWN = (
+    "engine_dtype",
+    "rollout_corr/log_ratio_abs_max",
+    "rollout_corr/log_ppl_abs_diff",
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "steps",
+)
+# the ops with a Triton kernel (realrl.impl.model.kernels.dispatch.TRITON_OPS), as
+# bench_generate.py --kernel-shares names them; not imported, so that listing checks needs no torch
+TRITON_KERNELS = ("rms_norm", "decode_attention")
+# the decoding bench: the README's target row on CUDA, and each Triton kernel's share (the mode
+# timed again with that kernel off: separate runs, so the headline's own timing is unchanged);
+# on a CPU the smallest run that still times
 GENERATE_ARGS = {
     "cuda": ("--device", "cuda", "--size", "1b", "--n-seqs", "64", "--min-len", "32", "--max-len", "512")
-    + ("--max-new", "256", "--eos-ids", "50"),
+    + ("--max-new", "256", "--eos-ids", "50", "--kernel-shares"),
     "cpu": ("--device", "cpu", "--n-seqs", "4", "--min-len", "8", "--max-len", "16", "--max-new", "8")
     + ("--repeats", "1"),
 }
@@ -97,10 +115,21 @@ def _generate_parser(headline: str) -> Parser:
     return lambda text, summary: parse_bench_generate(text, headline)
 
 
-def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> list[Check]:
+def _mismatch_parser(engine_dtype: str) -> Parser:
+    return lambda text, summary: {
+        "engine_dtype": engine_dtype,
+        **summary_figures(summary, SHORT_FIGURES),
+        **rollout_corr_figures(summary),
+    }
+
+
+def build_checks(
+    device: str, repo: str, fileroot: str, quick: bool = False, engine_dtype: str = "auto"
+) -> list[Check]:
     """Every check, in the order they run, for ``device`` ("cuda" or "cpu"): the experiment checks
     share ``fileroot``, so the SFT and reward-model phases the main job trains are reused by the
-    later ones (each run has its own ``trial_name``)."""
+    later ones (each run has its own ``trial_name``). ``engine_dtype``: what the engines' default
+    dtype ("auto") resolves to on ``device``, reported with the mismatch it is measured in."""
     py = sys.executable
     steps = 2 if quick else 3
     short = (
@@ -133,6 +162,8 @@ def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> 
         prefixes: tuple[str, ...] = (),
         targets=(),
         gpus: int = 1,
+        parse: Parser | None = None,
+        shown: tuple[str, ...] = SHORT_FIGURES,
     ) -> Check:
         argv, summary = quickstart(experiment, name, *options, *shared_gpu, *short)
         return Check(
@@ -140,16 +171,17 @@ def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> 
             what,
             argv,
             900,
-            _from_summary(SHORT_FIGURES, prefixes),
+            parse or _from_summary(SHORT_FIGURES, prefixes),
             targets=(Target("steps", "==", steps, "the shortened run's steps"), *targets),
             summary_path=summary,
-            shown=(*SHORT_FIGURES, *(f"{p}{k}" for p in prefixes for k in ("count", "bytes"))),
+            shown=shown,
             gpus=gpus,
         )
 
     # a per-call layout's check: the actor's weights moved before every generation
     actor_moved = {
         "prefixes": ("realloc/actor/",),
+        "shown": (*SHORT_FIGURES, "realloc/actor/count", "realloc/actor/bytes"),
         "targets": (Target("realloc/actor/bytes", ">=", 1, "the actor's weights moved"),),
     }
     main_argv, main_summary = quickstart("ppo", "main", *(short if quick else ()))
@@ -160,7 +192,9 @@ def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> 
     return [
         Check(
             "gpu_tests",
-            "the gpu-marked tests",
+            "the gpu-marked tests: CUDA attention backends, decoding and CUDA graphs, the Triton "
+            "kernels, engines on CUDA, and a bf16 train and inference engine sharded by FSDP2 on a "
+            "one-rank NCCL group computing every matmul in bf16 (tests/backend/test_compute_dtype_gpu.py)",
             (py, "-m", "pytest", "-q", "-m", "gpu", tests),
             1200,
             parse_pytest,
@@ -184,6 +218,16 @@ def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> 
                 "kl",
                 "wall_seconds",
             ),
+        ),
+        # the trainer's forward (ppo.recompute_logprobs) against the decoder's log-probs of the
+        # same answers, in the engines' dtype: bf16 on CUDA, where the two differ for real
+        shortened(
+            "ppo",
+            "mismatch",
+            "PPO's train/rollout log-prob mismatch in the engines' dtype, shortened",
+            "ppo.recompute_logprobs=true",
+            parse=_mismatch_parser(engine_dtype),
+            shown=MISMATCH_SHOWN,
         ),
         shortened("grpo", "grpo_d2", "GRPO, two data-parallel workers", "allocation_mode=d2"),
         # PPO: every model it holds (actor, critic, reference, reward model) is split; GRPO's reward
@@ -223,13 +267,20 @@ def build_checks(device: str, repo: str, fileroot: str, quick: bool = False) -> 
         ),
         Check(
             "bench_generate",
-            "decoding tokens/s against transformers and the bandwidth roofline",
+            "decoding tokens/s against transformers and the bandwidth roofline"
+            + (", and each Triton kernel's share of a decoding step" if device == "cuda" else ""),
             (py, bench_generate, *GENERATE_ARGS[device]),
             900,
             _generate_parser(GENERATE_HEADLINE[device]),
             targets=GENERATE_TARGETS if device == "cuda" else (),
             requires=(bench_generate,),
-            shown=("decode_tok_s", "roofline_pct", "speedup_vs_hf", "bandwidth_gb_s"),
+            shown=(
+                "decode_tok_s",
+                "roofline_pct",
+                "speedup_vs_hf",
+                "bandwidth_gb_s",
+                *(f"share_{op}" for op in TRITON_KERNELS),
+            ),
         ),
         Check(
             "train_vs_hf",

@@ -111,6 +111,8 @@ _GEN_ROW = re.compile(
     r"(?P<pct>[\d.]+)%$"
 )
 _GEN_SKIPPED = re.compile(r"^(?P<name>[A-Za-z]\S*(?: \S+)*?)\s+did not run: (?P<why>.*)$")
+# --kernel-shares: a mode's speed over the same mode's with one kernel off (--torch-kernels: all)
+_GEN_SHARE = re.compile(r"^ratio (?P<own>realrl \S+) / (?P=own) torch (?P<op>\S+)\s+(?P<x>[\d.]+)x wall$")
 _BANDWIDTH = re.compile(r"measured bandwidth ([\d.]+) GB/s")
 _ATTENTION = re.compile(r"attention (\w+)")
 
@@ -123,10 +125,14 @@ def parse_bench_generate(text: str, headline: str) -> Figures:
     """Per decoding side of ``benchmarks/bench_generate.py``: ``<side>_tok_s`` (wall) and
     ``<side>_roofline_pct``; ``decode_tok_s`` / ``roofline_pct`` are the ``headline`` side's
     (e.g. "realrl cuda_graph"), ``speedup_vs_hf`` its ratio to transformers ``generate``. A side that
-    did not run leaves ``<side>_error`` and no numbers, so a target on it fails by name."""
+    did not run leaves ``<side>_error`` and no numbers, so a target on it fails by name. With
+    ``--kernel-shares``, ``<side>_share_<op>``: the side's tokens/s over its own with kernel ``op``
+    off (1.25: the kernel makes decoding 1.25x faster), ``share_<op>`` the headline side's."""
     figures: Figures = {}
     for line in clean_lines(text):
-        if m := _GEN_ROW.match(line):
+        if m := _GEN_SHARE.match(line):
+            figures[f"{_key(m['own'])}_share_{m['op']}"] = float(m["x"])
+        elif m := _GEN_ROW.match(line):
             key = _key(m["name"])
             figures[f"{key}_tok_s"] = int(m["wall"])
             figures[f"{key}_roofline_pct"] = float(m["pct"])
@@ -146,6 +152,8 @@ def parse_bench_generate(text: str, headline: str) -> Figures:
             figures["speedup_vs_hf"] = round(
                 figures["decode_tok_s"] / figures["transformers_generate_tok_s"], 3
             )
+    own_share = f"{head}_share_"
+    figures.update({f"share_{k[len(own_share) :]}": v for k, v in figures.items() if k.startswith(own_share)})
     return figures
 
 
@@ -185,6 +193,20 @@ def summary_figures(
         k: v
         for k, v in summary.items()
         if (k in keys or k.startswith(tuple(prefixes)))
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+    }
+
+
+def rollout_corr_figures(summary: Mapping[str, Any] | None) -> Figures:
+    """The trainer-against-decoder statistics of a run's last step (``<call>/rollout_corr/<stat>``
+    in ``summary.json``, written with ``ppo.recompute_logprobs``) as ``rollout_corr/<stat>``."""
+    if not summary:
+        return {}
+    return {
+        k.split("/", 1)[1]: v
+        for k, v in summary.items()
+        if k.split("/", 1)[-1].startswith("rollout_corr/")
         and isinstance(v, (int, float))
         and not isinstance(v, bool)
     }

@@ -1,4 +1,5 @@
-"""``python -m realrl.apps.selfcheck``: the figure parsers on recorded benchmark output, the
+"""``python -m realrl.apps.selfcheck``: the figure parsers on recorded benchmark output (each
+Triton kernel's share of decoding too), the mismatch check's figures from a run's summary, the
 targets, the report (json, table, markdown), which checks run without CUDA, the exit status, a
 check that fails or hangs without stopping the others, and one real run of a cheap check."""
 
@@ -26,6 +27,7 @@ from realrl.apps.selfcheck_report import (
     parse_pytest,
     render_markdown,
     render_table,
+    rollout_corr_figures,
     summary_figures,
     tail,
     verdict,
@@ -62,6 +64,78 @@ BENCH_GENERATE_CUDA_FAILED = (
     "        0.4%\n"
     "realrl cuda_graph            did not run: RuntimeError: CUDA error: operation not permitted when "
     "stream is capturing\n"
+)
+# benchmarks/bench_generate.py --smoke --kernel-shares (2 CPU cores): each mode again with one of
+# the CPU's C kernels off; "ratio M / M torch OP" is kernel OP's share
+BENCH_GENERATE_SHARES_CPU = (
+    "4 prompts of 8-13 tokens, max_new_tokens=8, 1 EOS id(s); threads=2, attention cpu_varlen; weights 0.00 "
+    "GiB, measured bandwidth 44 GB/s\n"
+    "                                      wall tokens/s  CPU-time tokens/s  new tokens/run  roofline "
+    "tokens/s  of roofline\n"
+    "realrl eager                                    256                403              32             191270"
+    "        0.1%\n"
+    "realrl static                                   164                249              32             191270"
+    "        0.1%\n"
+    "realrl eager torch varlen_attention             199                307              32             191270"
+    "        0.1%\n"
+    "realrl eager torch decode_attention              88                133              32             191270"
+    "        0.0%\n"
+    "realrl eager torch rms_norm                      84                126              32             191270"
+    "        0.0%\n"
+    "realrl static torch varlen_attention            123                185              32             191270"
+    "        0.1%\n"
+    "realrl static torch decode_attention            213                329              32             191270"
+    "        0.1%\n"
+    "realrl static torch rms_norm                     67                101              32             191270"
+    "        0.0%\n"
+    "transformers generate                            77                116              32             191270"
+    "        0.0%\n"
+    "ratio realrl eager / transformers generate                                           3.33x wall\n"
+    "ratio realrl static / transformers generate                                          2.14x wall\n"
+    "ratio realrl eager torch varlen_attention / transformers generate                    2.59x wall\n"
+    "ratio realrl eager torch decode_attention / transformers generate                    1.15x wall\n"
+    "ratio realrl eager torch rms_norm / transformers generate                            1.10x wall\n"
+    "ratio realrl static torch varlen_attention / transformers generate                   1.60x wall\n"
+    "ratio realrl static torch decode_attention / transformers generate                   2.78x wall\n"
+    "ratio realrl static torch rms_norm / transformers generate                           0.87x wall\n"
+    "ratio realrl eager / realrl eager torch varlen_attention                             1.29x wall\n"
+    "ratio realrl eager / realrl eager torch decode_attention                             2.90x wall\n"
+    "ratio realrl eager / realrl eager torch rms_norm                                     3.03x wall\n"
+    "ratio realrl static / realrl static torch varlen_attention                           1.34x wall\n"
+    "ratio realrl static / realrl static torch decode_attention                           0.77x wall\n"
+    "ratio realrl static / realrl static torch rms_norm                                   2.45x wall\n"
+    "ratio realrl static / realrl eager                                                   0.64x wall\n"
+)
+# the CUDA check's run (the Triton kernels, one off at a time; one ablation failed), written with
+# bench_generate.py's own print statements (names, column widths) and made-up numbers: this
+# machine has no GPU
+BENCH_GENERATE_SHARES_CUDA = (
+    "64 prompts of 33-510 tokens, max_new_tokens=256, 50 EOS id(s); cuda bf16, attention flash_attn; "
+    "weights 2.05 GiB, measured bandwidth 4210 GB/s\n"
+    "                                          wall tokens/s  CPU-time tokens/s  new tokens/run  roofline "
+    "tokens/s  of roofline\n"
+    "realrl eager                                       2538               2601           16000             "
+    "400000        0.6%\n"
+    "realrl cuda_graph                                 11204              11300           16000             "
+    "400000        2.8%\n"
+    "realrl eager torch rms_norm                        2301               2350           16000             "
+    "400000        0.6%\n"
+    "realrl cuda_graph torch rms_norm                   9850               9900           16000             "
+    "400000        2.5%\n"
+    "realrl cuda_graph torch decode_attention           7102               7150           16000             "
+    "400000        1.8%\n"
+    "transformers generate                              1732               1800           16000             "
+    "400000        0.4%\n"
+    "realrl eager torch decode_attention      did not run: RuntimeError: out of memory\n"
+    "ratio realrl eager / transformers generate                                                   1.47x wall\n"
+    "ratio realrl cuda_graph / transformers generate                                              6.47x wall\n"
+    "ratio realrl eager torch rms_norm / transformers generate                                    1.33x wall\n"
+    "ratio realrl cuda_graph torch rms_norm / transformers generate                               5.69x wall\n"
+    "ratio realrl cuda_graph torch decode_attention / transformers generate                       4.10x wall\n"
+    "ratio realrl eager / realrl eager torch rms_norm                                             1.10x wall\n"
+    "ratio realrl cuda_graph / realrl cuda_graph torch rms_norm                                   1.14x wall\n"
+    "ratio realrl cuda_graph / realrl cuda_graph torch decode_attention                           1.58x wall\n"
+    "ratio realrl cuda_graph / realrl eager                                                       4.41x wall\n"
 )
 # benchmarks/bench_forward.py --n-seqs 4 --min-len 8 --max-len 16 --repeats 1 (CPU), and the GPU lines
 BENCH_FORWARD = (
@@ -104,6 +178,87 @@ def test_bench_generate_targets_pass_and_fail_on_the_figures():
     assert (
         reason == "target missed: decode_tok_s 9,000 < 12,690 (5 x 2,538 tok/s, eager decoding on one H100)"
     )
+
+
+def test_kernel_shares_from_the_cpu_output():
+    f = parse_bench_generate(BENCH_GENERATE_SHARES_CPU, "realrl eager")
+    assert f["decode_tok_s"] == 256 and f["realrl_eager_torch_rms_norm_tok_s"] == 84
+    assert (f["share_rms_norm"], f["share_decode_attention"], f["share_varlen_attention"]) == (
+        3.03,
+        2.9,
+        1.29,
+    )
+    assert f["realrl_static_share_decode_attention"] == 0.77 and f["realrl_eager_share_rms_norm"] == 3.03
+    # the ratios against transformers and between modes are no shares
+    assert sorted(k for k in f if "share" in k) == sorted(
+        f"{side}share_{op}"
+        for side in ("", "realrl_eager_", "realrl_static_")
+        for op in ("varlen_attention", "decode_attention", "rms_norm")
+    )
+
+
+def test_each_triton_kernels_share_on_cuda_and_an_ablation_that_did_not_run():
+    f = parse_bench_generate(BENCH_GENERATE_SHARES_CUDA, "realrl cuda_graph")
+    assert f["decode_tok_s"] == 11204 and f["speedup_vs_hf"] == pytest.approx(11204 / 1732, abs=1e-3)
+    assert f["share_rms_norm"] == 1.14 and f["share_decode_attention"] == 1.58
+    assert f["realrl_eager_share_rms_norm"] == 1.1
+    assert "realrl_eager_share_decode_attention" not in f  # its run failed, and says why
+    assert f["realrl_eager_torch_decode_attention_error"] == "RuntimeError: out of memory"
+    # the report shows the headline's share of each Triton kernel, under the benchmark's names
+    from realrl.impl.model.kernels.dispatch import TRITON_OPS
+
+    assert selfcheck_checks.TRITON_KERNELS == TRITON_OPS
+    (bench,) = [c for c in selfcheck_checks.build_checks("cuda", REPO, "runs") if c.name == "bench_generate"]
+    assert "--kernel-shares" in bench.argv and "share" in bench.what
+    assert {"share_rms_norm", "share_decode_attention", "decode_tok_s"} <= set(bench.shown)
+    (cpu,) = [c for c in selfcheck_checks.build_checks("cpu", REPO, "runs") if c.name == "bench_generate"]
+    assert "--kernel-shares" not in cpu.argv  # the tiny CPU run stays tiny
+
+
+def test_the_mismatch_check_reads_the_last_steps_rollout_corr_statistics():
+    """Keys as the CPU run wrote them (``--only mismatch --quick``): the actor's train call's."""
+    summary = {
+        "experiment": "ppo",
+        "steps": 3,
+        "wall_seconds": 30.4,
+        "kl": 0.0066,
+        "actor_train/loss": 0.1,
+        "actor_train/rollout_corr/log_ratio_abs_max": 0.25,
+        "actor_train/rollout_corr/log_ppl_abs_diff": 0.004,
+        "actor_train/rollout_corr/kl": 0.001,
+        "actor_train/rollout_corr/k3_kl": 0.0009,
+        "actor_train/rollout_corr/flag": True,
+        "rollout_corr/unprefixed": 1.0,
+    }
+    assert rollout_corr_figures(summary) == {
+        "rollout_corr/log_ratio_abs_max": 0.25,
+        "rollout_corr/log_ppl_abs_diff": 0.004,
+        "rollout_corr/kl": 0.001,
+        "rollout_corr/k3_kl": 0.0009,
+    }
+    assert rollout_corr_figures(None) == {}
+    checks = selfcheck_checks.build_checks("cuda", REPO, "runs", engine_dtype="bfloat16")
+    (check,) = [c for c in checks if c.name == "mismatch"]
+    assert "ppo.recompute_logprobs=true" in check.argv and check.argv[3] == "ppo"
+    figures = check.parse("", summary)
+    assert figures["engine_dtype"] == "bfloat16" and figures["steps"] == 3 and figures["kl"] == 0.0066
+    assert figures["rollout_corr/log_ratio_abs_max"] == 0.25 and "actor_train/loss" not in figures
+    assert check.shown[:3] == (
+        "engine_dtype",
+        "rollout_corr/log_ratio_abs_max",
+        "rollout_corr/log_ppl_abs_diff",
+    )
+    assert check.targets == (Target("steps", "==", 3, "the shortened run's steps"),)  # figures, no target
+    assert check.parse("", None) == {"engine_dtype": "bfloat16"}  # a run that wrote nothing
+    assert selfcheck.engine_dtype("cuda") == "bfloat16" and selfcheck.engine_dtype("cpu") == "float32"
+
+
+def test_the_gpu_tests_check_names_the_fsdp_bf16_test():
+    (check,) = [c for c in selfcheck_checks.build_checks("cuda", REPO, "runs") if c.name == "gpu_tests"]
+    named = [w.rstrip(")") for w in check.what.split() if w.startswith("(tests/")]
+    assert named == ["(tests/backend/test_compute_dtype_gpu.py"]
+    path = os.path.join(REPO, named[0][1:])
+    assert os.path.exists(path) and "pytest.mark.gpu" in open(path).read()  # the check runs it
 
 
 def test_bench_forward_figures():
@@ -234,6 +389,7 @@ def test_without_cuda_the_gpu_checks_are_skipped_and_the_cpu_checks_run_on_the_c
     assert list(why) == [
         "gpu_tests",
         "main",
+        "mismatch",
         "grpo_d2",
         "tp",
         "fsdp",
@@ -246,6 +402,7 @@ def test_without_cuda_the_gpu_checks_are_skipped_and_the_cpu_checks_run_on_the_c
     runs = [c for c, reason in chosen if not reason]
     assert [c.name for c in runs] == [
         "main",
+        "mismatch",
         "grpo_d2",
         "tp",
         "fsdp",
@@ -283,10 +440,10 @@ def test_on_cuda_every_check_runs_in_bf16_on_the_shared_gpu_and_missing_files_sk
         "fsdp",
         "per_call",
     }
-    assert why["grpo_d2"] == why["per_call_shared"] == ""
+    assert why["grpo_d2"] == why["per_call_shared"] == why["mismatch"] == ""
     two = {c.name: r for c, r in selfcheck_checks.select_checks(checks, has_cuda=True, n_gpus=2)}
     assert two["tp"] == two["fsdp"] == two["per_call"] == ""
-    for name in ("grpo_d2", "tp", "fsdp", "per_call", "per_call_shared"):
+    for name in ("mismatch", "grpo_d2", "tp", "fsdp", "per_call", "per_call_shared"):
         argv = by_name[name].argv
         assert "device=cuda" in argv and "colocate=true" in argv and "exp_ctrl.total_train_steps=2" in argv
         assert not any("dtype" in a for a in argv)  # the engines' default: bf16 on CUDA
