@@ -282,6 +282,8 @@ def run_quickstart(
     fresh_records(phase)  # before the evaluation's process opens its log there
     recipe = get_task(cfg.task).recipe(name) if cfg.task else None
     evaluation = None
+    if recipe is not None and recipe.summarize is not None and not evaluates(cfg):
+        recipe = dataclasses.replace(recipe, summarize=None)  # toy_eval_prompts=0: none wanted
     if recipe is not None and recipe.summarize is not None and can_hand_over(cfg):
         # in a process of its own (it loads models; this one imports no torch), started now so
         # that its imports overlap the phase
@@ -294,6 +296,12 @@ def run_quickstart(
     finally:
         if evaluation is not None:
             evaluation.close()
+
+
+def evaluates(cfg: CommonExperimentConfig) -> bool:
+    """Whether the run ends with its embedded task's held-out evaluation (``toy_eval_prompts``,
+    where the experiment has it: 0 turns it off, for runs whose summary needs no task figures)."""
+    return getattr(cfg, "toy_eval_prompts", 1) > 0
 
 
 def _summarize(

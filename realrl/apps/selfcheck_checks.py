@@ -55,10 +55,11 @@ SHORT_FIGURES = ("steps", "wall_seconds", "true_reward_mean", "kl")
 # the phases a shortened run builds on, when they are not under fileroot yet, shortened too
 SHORT_PREREQUISITES = 'prerequisite_overrides=["exp_ctrl.total_train_steps=2","dataset.train_bs_n_seqs=8"]'
 # the mismatch check's figures: the trainer's log-probs against the decoder's, per answer token
-# l = log pi_train - log pi_rollout (rollout_correction.offpolicy_metrics): max |l|, the answers'
+# l = log pi_train - log pi_rollout (rollout_correction.offpolicy_metrics): mean and max |l|, the answers'
 # mean |difference of mean log-probs|, the k1 KL (mean of -l) and the k3 KL (mean of e^l - 1 - l)
 MISMATCH_SHOWN = (
     "engine_dtype",
+    "rollout_corr/log_ratio_abs_mean",
     "rollout_corr/log_ratio_abs_max",
     "rollout_corr/log_ppl_abs_diff",
     "rollout_corr/kl",

@@ -92,7 +92,8 @@ class PPOConfig(CommonExperimentConfig):
     # scale the reward model's score to mean 0 / std 1 on the first (SFT-policy) batch (RM detail 3)
     normalize_reward_on_first_batch: bool = True
     critic_head_init: str = "reward"  # reward | zeros: the head a critic gets when loaded from an LM
-    toy_eval_prompts: int = 800  # held-out prompts an embedded task's summary samples
+    # held-out prompts an embedded task's summary samples; 0: no held-out evaluation at the end
+    toy_eval_prompts: int = 800
     eval_prompts: int = 64  # held-out prompts (dataset.valid_path) of each evaluation during training
     tokenizer_path: str | None = None
     dynamic_sampling: DynamicSamplingConfig = dataclasses.field(default_factory=DynamicSamplingConfig)
@@ -141,8 +142,10 @@ class PPOConfig(CommonExperimentConfig):
             )
         if self.eval_prompts < 1:
             raise ValueError(f"eval_prompts must be >= 1, got {self.eval_prompts}")
-        if self.toy_eval_prompts < 1:
-            raise ValueError(f"toy_eval_prompts must be >= 1, got {self.toy_eval_prompts}")
+        if self.toy_eval_prompts < 0:
+            raise ValueError(
+                f"toy_eval_prompts must be >= 0 (0: no held-out evaluation), got {self.toy_eval_prompts}"
+            )
         sampling = self.dynamic_sampling
         if sampling.enabled and self.ppo.gen.n < 2:
             raise ValueError(

@@ -24,7 +24,10 @@ SHORT = [
     "dataset.train_bs_n_seqs=8",
     'prerequisite_overrides=["exp_ctrl.total_train_steps=2","dataset.train_bs_n_seqs=8"]',
 ]
-PPO_EXTRA = ("ppo.ppo_n_minibatches=2", "toy_eval_prompts=32")
+# no held-out evaluation at the end (toy_eval_prompts=0): these runs compare their statistics;
+# the tests that read the task's figures in the summary ask for them (EVALUATED)
+PPO_EXTRA = ("ppo.ppo_n_minibatches=2", "toy_eval_prompts=0")
+EVALUATED = "toy_eval_prompts=32"
 GRPO_EXTRA = ("ppo.ppo_n_minibatches=2", "toy_eval_prompts=32")
 TOY_SUMMARY_KEYS = (
     "sft_true_reward_mean",
@@ -111,7 +114,7 @@ def test_sft_then_rw_reuse_and_save(fileroot):
 
 
 def test_ppo_default_writes_the_toy_summary(fileroot):
-    cfg, summary = run("ppo", fileroot, *PPO_EXTRA)
+    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, EVALUATED)
     on_disk = assert_run_outputs(cfg.run_dir)
     for key in TOY_SUMMARY_KEYS:
         assert on_disk[key] is not None, key
@@ -235,7 +238,7 @@ def test_pipeline_stages_give_the_statistics_of_one_worker(fileroot, name, layou
     [
         ("grpo", list(GRPO_EXTRA)),
         # the actor sharded by FSDP over two workers: it generates from gathered weights
-        ("grpo", ["allocation_mode=d2", "actor.engine.fsdp=true", "trial_name=fsdp", "toy_eval_prompts=32"]),
+        ("grpo", ["allocation_mode=d2", "actor.engine.fsdp=true", "trial_name=fsdp", "toy_eval_prompts=0"]),
         ("dpo", []),
         ("gen", []),
     ],
@@ -243,7 +246,10 @@ def test_pipeline_stages_give_the_statistics_of_one_worker(fileroot, name, layou
 def test_other_experiments_run_two_steps(fileroot, name, extra):
     cfg, summary = run(name, fileroot, *extra)
     assert_run_outputs(cfg.run_dir, trains=name != "gen")
-    if name == "grpo":
+    if name == "grpo" and "toy_eval_prompts=0" in extra:  # no held-out evaluation, no task figures
+        assert "evaluation" not in summary["phase_seconds"] and "true_reward_mean" not in summary
+        assert not os.path.exists(os.path.join(cfg.run_dir, "logs", "summary.log"))  # no evaluator
+    elif name == "grpo":
         assert summary["rm_accuracy"] is None and summary["true_reward_mean"] is not None
         assert "kl.png" in os.listdir(os.path.join(cfg.run_dir, "plots"))
     if name == "gen":
@@ -355,7 +361,7 @@ def test_ppo_with_lora_moves_only_adapters_into_a_kept_copy_and_writes_peft_fold
 
     layout = 'allocation_mode="actor_train:d2m1p1,actor_gen:d1m1p1,*:d1m1p1"'
     lora = ("actor.lora.rank=8", "critic.lora.rank=8", "actor.keep_gen_copy=true", "actor.engine.fsdp=true")
-    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, layout, *lora, "trial_name=lora")
+    cfg, summary = run("ppo", fileroot, *PPO_EXTRA, EVALUATED, layout, *lora, "trial_name=lora")
     assert "ref" not in cfg.initial_setup().models
     records = [json.loads(line) for line in open(os.path.join(cfg.run_dir, "stats.jsonl"))]
     model_cfg = ReaLModelConfig(**task_model_config(cfg))

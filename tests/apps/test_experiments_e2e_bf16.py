@@ -59,7 +59,7 @@ def test_ppo_in_bf16_over_tensor_data_fsdp_pipeline_and_per_call_layouts(monkeyp
         assert r["realloc/actor/moves"] == "d1m2p1@0,1 -> d2m1p1@0,1"
         for key in ("actor_train/loss", "critic_train/critic_loss", "compute_adv/task_reward"):
             assert math.isfinite(r[key]), (r["step"], key)
-    assert summary["kl"] is not None and math.isfinite(summary["kl"])
+    assert math.isfinite(summary["actor_train/loss"])
 
 
 def test_grpo_in_bf16_generates_ahead_with_an_environment(monkeypatch, arith_fileroot):
@@ -74,7 +74,7 @@ def test_grpo_in_bf16_generates_ahead_with_an_environment(monkeypatch, arith_fil
         *env,
         'allocation_mode="actor_gen:d1m1p1@1,*:d1m1p1"',
         "async_rl.enabled=true",
-        "toy_eval_prompts=16",
+        "toy_eval_prompts=0",
         "eval_prompts=4",
         "trial_name=bf16-async-env",
     )

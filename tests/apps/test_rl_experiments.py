@@ -65,7 +65,8 @@ def test_rl_experiment_on_the_arithmetic_task(fileroot, name):
     assert summary["samples"] and all("=?" in s["prompt"] for s in summary["samples"])
 
 
-ENV = ["env=examples/envs/retry.py:Retry", "reward_fn=null", "ppo.max_turns=2"]
+# the environment and agent runs read their statistics, not the summary's held-out figures
+ENV = ["env=examples/envs/retry.py:Retry", "reward_fn=null", "ppo.max_turns=2", "toy_eval_prompts=0"]
 
 
 def run_with_env(fileroot, *extra):
@@ -118,7 +119,12 @@ def test_an_agent_written_for_the_openai_api_trains_through_the_chat_endpoint(fi
     """examples/agents/retry_agent.py: the same retry task as the environment's, driven by agent
     code that calls chat.completions; its reward alone, its completions chained into one
     trajectory of up to two model turns."""
-    agent = ["agent=examples/agents/retry_agent.py:run", "reward_fn=null", "trial_name=agent"]
+    agent = [
+        "agent=examples/agents/retry_agent.py:run",
+        "reward_fn=null",
+        "trial_name=agent",
+        "toy_eval_prompts=0",
+    ]
     cfg = build_config("grpo", ["task=arith", f"fileroot={fileroot}", *SHORT, *OVERRIDES, *agent])
     run_quickstart("grpo", cfg)
     collective_rules.check_run(cfg.run_dir)

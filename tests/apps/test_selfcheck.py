@@ -243,8 +243,9 @@ def test_the_mismatch_check_reads_the_last_steps_rollout_corr_statistics():
     figures = check.parse("", summary)
     assert figures["engine_dtype"] == "bfloat16" and figures["steps"] == 3 and figures["kl"] == 0.0066
     assert figures["rollout_corr/log_ratio_abs_max"] == 0.25 and "actor_train/loss" not in figures
-    assert check.shown[:3] == (
+    assert check.shown[:4] == (
         "engine_dtype",
+        "rollout_corr/log_ratio_abs_mean",
         "rollout_corr/log_ratio_abs_max",
         "rollout_corr/log_ppl_abs_diff",
     )

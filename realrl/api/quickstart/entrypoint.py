@@ -1,7 +1,8 @@
 """The quickstart experiment registry: ``python -m realrl.apps.quickstart <name> key=value ...``.
 
-Each experiment's config dataclass is also stored in hydra's ``ConfigStore`` as
-``schema_name(name)``, the structured config the command line composes with hydra."""
+Registering keeps the config dataclass only: the command line turns the one experiment it runs
+into hydra's structured config when it composes (``realrl.apps.configs.compose``). Converting
+every registered class up front cost over a second of each command's start-up."""
 
 from __future__ import annotations
 
@@ -12,23 +13,14 @@ from realrl.base.registry import Registry
 _QUICKSTART_EXPS: Registry[type] = Registry("quickstart experiment")
 
 
-def schema_name(name: str) -> str:
-    """The ``ConfigStore`` name of experiment ``name``'s structured config (``realrl_ppo``)."""
-    return f"realrl_{name}"
-
-
 def register_quickstart_exp(name: str, config_cls: type) -> type:
     """Make ``config_cls`` (a dataclass with ``initial_setup() -> ExperimentConfig``) runnable
     from the command line as ``name``."""
-    from hydra.core.config_store import ConfigStore
-
     if not dataclasses.is_dataclass(config_cls) or not hasattr(config_cls, "initial_setup"):
         raise ValueError(
             f"quickstart experiment {name!r}: {config_cls!r} must be a dataclass with initial_setup()"
         )
-    registered = _QUICKSTART_EXPS.register(name, config_cls)
-    ConfigStore.instance().store(name=schema_name(name), node=config_cls)
-    return registered
+    return _QUICKSTART_EXPS.register(name, config_cls)
 
 
 def get_quickstart_exp(name: str) -> type:

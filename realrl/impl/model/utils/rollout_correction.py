@@ -5,7 +5,7 @@
 loss is computed by the trainer (``train``, the same weights recomputed), and the two disagree.
 Per response token t of answer i, with the log ratio l_t = log pi_train(y_t) - log pi_rollout(y_t):
 
-  measured   kl = E_t[-l_t] (k1), k3_kl = E_t[e^l_t - 1 - l_t], log_ratio_abs_max = max_t |l_t|,
+  measured   kl = E_t[-l_t] (k1), k3_kl = E_t[e^l_t - 1 - l_t], log_ratio_abs_mean = E_t[|l_t|], log_ratio_abs_max = max_t |l_t|,
              ppl of each policy per answer exp(-mean_t log p), ppl_ratio = E_i exp(mean_t -l_t),
              chi2_token = E_t[e^{2 l_t}] - 1, chi2_seq = E_i[e^{2 sum_t l_t}] - 1
   weights    token:    w_t = min(e^{l_t}, threshold)
@@ -64,7 +64,8 @@ def offpolicy_metrics(
     train: Tensor, rollout: Tensor, mask: Tensor, short_cu_seqlens: Tensor
 ) -> dict[str, float]:
     """How far the rollout's log-probs are from the trainer's (verl's ``compute_offpolicy_metrics``
-    names, plus ``log_ratio_abs_max``)."""
+    names, plus ``log_ratio_abs_mean`` and ``log_ratio_abs_max``: the mean and largest |l| over
+    the answer tokens, the train/rollout mismatch as the peers report it)."""
     a = _Answers(mask, short_cu_seqlens)
     train, rollout = train.detach().float(), rollout.detach().float()
     log_ratio = train - rollout
@@ -87,6 +88,7 @@ def offpolicy_metrics(
         "ppl_ratio": log_ppl_diff.exp().mean(),
         "chi2_token": a.token_mean(rho.square()) - 1.0,
         "chi2_seq": (2.0 * seq_log_ratio).exp().mean() - 1.0,
+        "log_ratio_abs_mean": a.token_mean(log_ratio.abs()),
         "log_ratio_abs_max": log_ratio[on].abs().max() if bool(on.any()) else torch.zeros(()),
     }
     return {k: float(v) for k, v in stats.items()}
