@@ -11,8 +11,8 @@ import sys
 from test_bench_smoke import NUMBER, REPO, run_bench, table_rows
 
 
-def test_bench_algorithms_verl_group(tmp_path):
-    out = run_bench("bench_algorithms.py", tmp_path, "--group", "verl", "--fileroot", str(tmp_path / "runs"))
+def test_bench_algorithms_verl_group(tmp_path, sentiment_runs):
+    out = run_bench("bench_algorithms.py", tmp_path, "--group", "verl", "--fileroot", sentiment_runs)
     for label in ("cispo", "adv_optimal_token_baseline"):
         ((_, *cells),) = table_rows(out, label)
         assert len(cells) == 6 and all(re.match(NUMBER, c) for c in cells), cells

@@ -7,8 +7,8 @@ from __future__ import annotations
 from test_bench_smoke import is_number, run_bench, table_rows
 
 
-def test_bench_mismatch(tmp_path):
-    out = run_bench("bench_mismatch.py", tmp_path, "--layouts", "0", "--fileroot", str(tmp_path / "runs"))
+def test_bench_mismatch(tmp_path, sentiment_runs):
+    out = run_bench("bench_mismatch.py", tmp_path, "--layouts", "0", "--fileroot", sentiment_runs)
     for family in ("llama", "mixtral"):
         rows = {cells[1]: cells[2:] for cells in table_rows(out, family)}
         assert set(rows) == {"fp32", "bf16", "bf16 decode, fp32 train"}, rows

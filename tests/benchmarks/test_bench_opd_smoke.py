@@ -10,8 +10,8 @@ import re
 from test_bench_smoke import NUMBER, run_bench, table_rows
 
 
-def test_bench_opd(tmp_path):
-    out = run_bench("bench_opd.py", tmp_path, "--fileroot", str(tmp_path / "runs"), timeout=600)
+def test_bench_opd(tmp_path, sentiment_runs):
+    out = run_bench("bench_opd.py", tmp_path, "--fileroot", sentiment_runs, timeout=600)
     ((_, *cells),) = table_rows(out, "1")
     assert len(cells) == 9, cells
     assert re.fullmatch(r"\d+k vs \d+k", cells[0]), cells

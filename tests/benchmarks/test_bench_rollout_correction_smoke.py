@@ -10,8 +10,8 @@ import re
 from test_bench_smoke import NUMBER, run_bench, table_rows
 
 
-def test_bench_rollout_correction(tmp_path):
-    out = run_bench("bench_rollout_correction.py", tmp_path, "--fileroot", str(tmp_path / "runs"))
+def test_bench_rollout_correction(tmp_path, sentiment_runs):
+    out = run_bench("bench_rollout_correction.py", tmp_path, "--fileroot", sentiment_runs)
     rows = {r["label"]: r for r in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
     assert set(rows) == {"mismatch", "mismatch_token_is"}, rows
     assert rows["mismatch"]["k3_kl"] is None  # no recomputation: nothing measured
