@@ -94,16 +94,22 @@ def test_train_state_per_device(layout, fsdp, params):
     assert actor.resident == 12 * params
 
 
-def test_fsdp_gathers_one_block_and_the_root_unit_and_everything_to_generate():
-    sharded = plan({"actor": spec(fsdp=True)}, {"actor": "d2m1p1"}).roles["actor"]
-    plain = plan({"actor": spec(fsdp=False)}, {"actor": "d2m1p1"}).roles["actor"]
+@pytest.mark.parametrize("dtype, b", [("bf16", 2), ("fp16", 2), ("auto", 2), ("fp32", 4)])
+def test_fsdp_gathers_one_block_and_the_root_unit_and_everything_to_generate(dtype, b):
+    """A train engine's fp32 shards are gathered in its dtype (FSDP2's MixedPrecisionPolicy):
+    2 bytes a parameter for bf16/fp16, 4 for fp32."""
+    sharded = plan({"actor": spec(dtype=dtype, fsdp=True)}, {"actor": "d2m1p1"}).roles["actor"]
+    plain = plan({"actor": spec(dtype=dtype, fsdp=False)}, {"actor": "d2m1p1"}).roles["actor"]
     root = 32 * 8 + 8 + 32 * 8  # embedding, final norm, head
-    # train: one fp32 block + the root unit gathered; gradients sharded (852 instead of 1704 params)
-    assert sharded.calls["actor_train"] - plain.calls["actor_train"] == 4 * (LAYER + root) + 4 * (
-        852 - PARAMS
+    # train: one block + the root unit gathered; gradients sharded (852 instead of 1704 params);
+    # unsharded, autocast keeps a b-byte copy of the fp32 weights, which the b-byte gather replaces
+    autocast_copy = b * PARAMS if b < 4 else 0
+    assert (
+        sharded.calls["actor_train"] - plain.calls["actor_train"]
+        == b * (LAYER + root) + 4 * (852 - PARAMS) - autocast_copy
     )
     # generate: every unit gathered (``parallel/fsdp.py::gathered``)
-    assert sharded.calls["actor_gen"] - plain.calls["actor_gen"] == 4 * PARAMS == sharded.fsdp_gather
+    assert sharded.calls["actor_gen"] - plain.calls["actor_gen"] == b * PARAMS == sharded.fsdp_gather
     assert plain.fsdp_gather == 0
 
 

@@ -13,7 +13,8 @@ no torch.distributed). What is counted and how is in ``docs/memory_plan.md``; in
 - Mixture of Experts (``api/core/model_size.py``): every expert is held (split by tp like the MLP, or
   placed whole with ``engine.expert_parallel``); activations follow a token's top-k experts.
 - ``engine.fsdp`` shards weights, gradients and optimizer state over dp; a call gathers one block
-  and the root unit (embedding, final norm, head), a generate call every unit (``parallel/fsdp.py``).
+  and the root unit (embedding, final norm, head), a generate call every unit (``parallel/fsdp.py``),
+  in the engine's dtype (a bf16/fp16 train engine's fp32 shards too).
 - LoRA (``<role>.lora.rank`` > 0): the adapters' fp32 weights beside the base, which a trained
   model keeps in the engine's dtype (fp32 under FSDP); gradients and optimizer state for the
   adapters (and a critic's head) only.
@@ -199,7 +200,9 @@ def _call_bytes(
     n_mbs = mfc.mb_spec.n_mbs
     prompts = math.ceil(math.ceil(shape["n_seqs"] / layout.dp) / n_mbs)
     seqs, seqlen = prompts * shape["n"], shape["prompt_len"] + shape["new_tokens"]
-    copy = b * params if engine == "train" and b < 4 else 0  # autocast's cached low-precision weights
+    # autocast's cached low-precision weights; FSDP gathers a trained role's weights in b already
+    fsdp = bool(econf.get("fsdp")) and layout.dp > 1
+    copy = b * params if engine == "train" and b < 4 and not fsdp else 0
     if mfc.interface_type is GEN:
         live = n_mbs if pp > 1 else 1  # pipelined, the micro-batches take turns: every cache lives
         kv_cache = live * 2 * layers * (cfg.n_kv_heads // tp) * cfg.head_dim * b * seqs * seqlen
@@ -284,8 +287,9 @@ def role_memory(
         weights, grads, optimizer = wbytes * params, 4 * params * train, 8 * params * train
     offload = spec.offload or (copy is not None and not spec.keep_gen_copy)  # off the device between calls
     root = counts.root  # embedding, final norm, head
+    gbytes = _DTYPE_BYTES[econf.get("dtype", "auto")]  # a train engine's fp32 masters gather in b
     gathered = {
-        kind: wbytes * n * fsdp for kind, n in ((GEN, whole), (TRAIN, layer + root), (INF, layer + root))
+        kind: gbytes * n * fsdp for kind, n in ((GEN, whole), (TRAIN, layer + root), (INF, layer + root))
     }
     shape, calls, kv_max, act_max, gather_max = batch_shape(exp), {}, 0, 0, 0
     for mfc in (m for m in exp.mfcs if m.role == role and exp.call_placement(m.name) == placement):

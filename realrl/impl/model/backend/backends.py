@@ -12,13 +12,16 @@ None is a model on one worker. A backend with nothing to synchronise still names
 reject a layout it cannot serve), so no caller has to guess from a ``TypeError`` what a backend
 accepts. The train and inference backends split the module as the layout says (tensor
 parallelism, with whole experts per rank when ``engine.expert_parallel``, then FSDP2 when
-``engine.fsdp``) before wrapping it.
+``engine.fsdp``; a bf16/fp16 train engine's units gathered in that dtype over fp32 shards) before
+wrapping it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+import torch
 
 from realrl.api.core.model_api import FinetuneSpec, Model, register_backend
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig, coerce
@@ -35,12 +38,22 @@ def _check_module(model: Model, backend: str) -> None:
         )
 
 
-def _split(model: Model, engine: EngineConfig, parallel: ParallelContext | None) -> ParallelContext | None:
+def fsdp_param_dtype(engine: EngineConfig, device: torch.device | str, trains: bool) -> torch.dtype | None:
+    """The dtype FSDP2 gathers a unit's weights and computes in, when not the module's own: a
+    train engine's bf16 or fp16 (its shards stay fp32 master weights, its gradients reduce in
+    fp32). An inference engine casts its module instead; an fp32 engine needs no policy."""
+    dtype = engine.resolve_dtype(device)
+    return dtype if trains and engine.fsdp and dtype != torch.float32 else None
+
+
+def _split(
+    model: Model, engine: EngineConfig, parallel: ParallelContext | None, trains: bool
+) -> ParallelContext | None:
     """Make ``model.module`` parallel as its layout says; the context the engine is given."""
     if parallel is None:
         return None
     parallel = dataclasses.replace(parallel, fsdp=engine.fsdp, expert_parallel=engine.expert_parallel)
-    parallelize(model.module, parallel)
+    parallelize(model.module, parallel, fsdp_param_dtype(engine, model.device, trains))
     return parallel
 
 
@@ -58,7 +71,7 @@ class TrainBackend:
 
     def initialize(self, model: Model, ft_spec: FinetuneSpec) -> Model:
         _check_module(model, "train")
-        parallel = _split(model, self.engine, self.parallel)
+        parallel = _split(model, self.engine, self.parallel, trains=True)
         model.module = TrainEngine(
             model.module,
             self.optimizer,
@@ -85,7 +98,7 @@ class InferenceBackend:
 
     def initialize(self, model: Model, ft_spec: FinetuneSpec | None = None) -> Model:
         _check_module(model, "inference")
-        parallel = _split(model, self.engine, self.parallel)
+        parallel = _split(model, self.engine, self.parallel, trains=False)
         model.module = InferenceEngine(
             model.module, self.engine, device=model.device, parallel=parallel, offload=self.offload
         )

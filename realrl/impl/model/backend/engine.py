@@ -138,8 +138,9 @@ class InferenceEngine:
         """The module on the engine's device and in its dtype (a train engine's stays fp32), then,
         when FSDP shards it, made FSDP2's root: FSDP2 gathers every unit, for good, in the dtype the
         module has at its first forward (an fp32 gather of a bf16 engine would double the gathered
-        weights' memory and hand the next pipeline stage fp32 activations). An offloaded module
-        goes back to host memory last."""
+        weights' memory and hand the next pipeline stage fp32 activations), unless its policy
+        names one (a bf16/fp16 train engine's, ``apply_fsdp``). An offloaded module goes back to
+        host memory last."""
         module.to(self.device)
         if self.casts_module:
             module.to(self.dtype)

@@ -60,6 +60,9 @@ class TrainEngine(InferenceEngine):
     """Holds the module, its optimizer and LR schedule; also serves forward/generate (the actor
     generates and trains with one module). Parameters stay fp32 (master weights); a low-precision
     ``EngineConfig.dtype`` runs forward/backward under autocast, fp16 with a dynamic loss scaler.
+    Under FSDP the backend also has each unit gathered in that dtype (``apply_fsdp``'s
+    ``param_dtype``): the fp32 shards and their fp32 gradients are what the scaler and the
+    optimizer see.
     """
 
     casts_module = False

@@ -5,13 +5,18 @@ checkpoint), or its tensor-parallel part of a checkpoint loaded split; each keep
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from realrl.impl.model.parallel.dtensor import is_dtensor
 from realrl.impl.model.parallel.mesh import ParallelContext
 
 
-def parallelize(module: nn.Module, parallel: ParallelContext | None) -> None:
+def parallelize(
+    module: nn.Module, parallel: ParallelContext | None, fsdp_param_dtype: torch.dtype | None = None
+) -> None:
+    """``fsdp_param_dtype``: the dtype FSDP2 gathers and computes in (``apply_fsdp``; None: the
+    module's own), which the backend decides."""
     if parallel is None or parallel.mesh is None:
         return
     tp, ep = parallel.layout.tp, parallel.expert_parallel
@@ -36,4 +41,4 @@ def parallelize(module: nn.Module, parallel: ParallelContext | None) -> None:
     if parallel.fsdp and parallel.layout.dp > 1:
         from realrl.impl.model.parallel.fsdp import apply_fsdp
 
-        apply_fsdp(module, parallel.dp_mesh)
+        apply_fsdp(module, parallel.dp_mesh, fsdp_param_dtype)

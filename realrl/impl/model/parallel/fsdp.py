@@ -27,20 +27,27 @@ def is_fsdp(model: nn.Module) -> bool:
     return fsdp is not None and any(isinstance(m, fsdp.FSDPModule) for m in model.modules())
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> None:
     """Shard ``model`` (on its device, whole on every rank) over ``dp_mesh`` in place.
 
-    Nothing runs through it here: FSDP2 fixes the dtype it gathers and computes every unit in at
-    the first forward through the root (its lazy initialisation), so the engine first casts the
-    module to its own dtype, then calls ``settle_root``.
+    ``param_dtype`` (a train engine's bf16 or fp16; None otherwise): every unit keeps fp32 shards
+    (the optimizer's master weights) but gathers and computes in that dtype and reduce-scatters
+    its gradients in fp32 into fp32 sharded gradients (FSDP2's ``MixedPrecisionPolicy``, as
+    torchtitan and verl train): half the all-gather traffic and gathered-weights memory of an fp32
+    gather. Without it FSDP2 gathers in the dtype the module has at its first forward through the
+    root (its lazy initialisation), so the engine first casts the module to its own dtype, then
+    calls ``settle_root``; nothing runs through the module here.
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from realrl.impl.model.parallel.tensor_parallel import numbered_blocks
 
+    low = param_dtype is not None and param_dtype != torch.float32
+    # else FSDP2's default policy: the module's own dtype throughout
+    policy = MixedPrecisionPolicy(param_dtype, reduce_dtype=torch.float32) if low else MixedPrecisionPolicy()
     for _, layer in numbered_blocks(model):
-        fully_shard(layer, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
 
 
 def settle_root(model: nn.Module) -> None:
