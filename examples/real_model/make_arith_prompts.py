@@ -11,7 +11,7 @@ writes, under ``--out``:
 | ``rl_train.jsonl``, ``rl_valid.jsonl`` | ``prompt`` (``quickstart ppo`` / ``grpo``) | ``{"prompt", "answer"}``: ``answer`` the bare number, for ``dataset.metadata_keys=[answer]`` |
 
 A question is "What is 23 + 58? Put the final answer after ####." (``+``, ``-``, ``*`` of numbers
-below ``--max-operand``). Every question appears in one file of one split only: the validation files
+below ``--max-operand``; ``--terms 3`` asks "What is 23 + 58 * 3?", products first). Every question appears in one file of one split only: the validation files
 and ``rl_valid`` share no question with any training file.
 
 ``--format text`` (default) writes each prompt already rendered by the tokenizer's chat template
@@ -36,12 +36,30 @@ SUFFIX = "Put the final answer after ####."
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-def question(a: int, op: str, b: int) -> str:
-    return f"What is {a} {op} {b}? {SUFFIX}"
+def question(expr: str) -> str:
+    return f"What is {expr}? {SUFFIX}"
 
 
-def worked_answer(a: int, op: str, b: int, value: int) -> str:
-    return f"{a} {op} {b} = {value}\n#### {value}"
+def worked_answer(expr: str, value: int) -> str:
+    return f"{expr} = {value}\n#### {value}"
+
+
+def expression(terms: tuple) -> str:
+    """(23, "+", 58, "*", 3) -> "23 + 58 * 3"."""
+    return " ".join(str(t) for t in terms)
+
+
+def value_of(terms: tuple) -> int:
+    """The usual precedence: products first, then sums and differences left to right."""
+    products = [terms[0]]
+    signs = [1]
+    for op, x in zip(terms[1::2], terms[2::2]):
+        if op == "*":
+            products[-1] = OPS["*"](products[-1], x)
+        else:
+            products.append(x)
+            signs.append(1 if op == "+" else -1)
+    return sum(s * p for s, p in zip(signs, products))
 
 
 def wrong_value(value: int, rng: random.Random) -> int:
@@ -53,8 +71,27 @@ def wrong_value(value: int, rng: random.Random) -> int:
     return wrong if wrong != value else value + 1
 
 
-def all_questions(max_operand: int, ops: str) -> list[tuple[int, str, int]]:
+def all_questions(max_operand: int, ops: str) -> list[tuple]:
     return [(a, op, b) for op in ops for a in range(max_operand) for b in range(max_operand)]
+
+
+def drawn_questions(max_operand: int, ops: str, n_terms: int, n: int, rng: random.Random) -> list[tuple]:
+    """``n`` distinct random expressions of ``n_terms`` operands (too many to list them all)."""
+    space = max_operand**n_terms * len(ops) ** (n_terms - 1)
+    if n > space // 2:
+        raise SystemExit(
+            f"error: {n} distinct questions asked for; draw at most {space // 2} with these options"
+        )
+    seen: set[tuple] = set()
+    out: list[tuple] = []
+    while len(out) < n:
+        terms: list = [rng.randrange(max_operand)]
+        for _ in range(n_terms - 1):
+            terms += [rng.choice(ops), rng.randrange(max_operand)]
+        if tuple(terms) not in seen:
+            seen.add(tuple(terms))
+            out.append(tuple(terms))
+    return out
 
 
 def render(tokenizer, content: str) -> str:
@@ -65,8 +102,6 @@ def render(tokenizer, content: str) -> str:
 
 def build(args: argparse.Namespace, tokenizer) -> dict[str, list[dict]]:
     rng = random.Random(args.seed)
-    pool = all_questions(args.max_operand, args.ops)
-    rng.shuffle(pool)
     sizes = {
         "sft": args.n_sft,
         "sft_valid": args.n_valid,
@@ -75,6 +110,11 @@ def build(args: argparse.Namespace, tokenizer) -> dict[str, list[dict]]:
         "rl_train": args.n_rl,
         "rl_valid": args.n_valid,
     }
+    if args.terms == 2:
+        pool = all_questions(args.max_operand, args.ops)
+        rng.shuffle(pool)
+    else:
+        pool = drawn_questions(args.max_operand, args.ops, args.terms, sum(sizes.values()), rng)
     if sum(sizes.values()) > len(pool):
         raise SystemExit(
             f"error: {sum(sizes.values())} distinct questions asked for but only {len(pool)} exist "
@@ -93,18 +133,18 @@ def build(args: argparse.Namespace, tokenizer) -> dict[str, list[dict]]:
     start = 0
     for name, n in sizes.items():
         rows = []
-        for a, op, b in pool[start : start + n]:
-            value = OPS[op](a, b)
-            p = prompt(question(a, op, b))
+        for terms in pool[start : start + n]:
+            expr, value = expression(terms), value_of(terms)
+            p = prompt(question(expr))
             if name.startswith("sft"):
-                rows.append({"prompt": p, "answer": reply(worked_answer(a, op, b, value))})
+                rows.append({"prompt": p, "answer": reply(worked_answer(expr, value))})
             elif name.startswith("rw"):
                 bad = wrong_value(value, rng)
                 rows.append(
                     {
                         "prompt": p,
-                        "chosen": reply(worked_answer(a, op, b, value)),
-                        "rejected": reply(worked_answer(a, op, b, bad)),
+                        "chosen": reply(worked_answer(expr, value)),
+                        "rejected": reply(worked_answer(expr, bad)),
                     }
                 )
             else:
@@ -126,9 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-valid", type=int, default=100, help="rows of each *_valid file")
     p.add_argument("--max-operand", type=int, default=100, help="operands are 0 .. max-operand - 1")
     p.add_argument("--ops", default="+-*", help="operators to draw from, a subset of '+-*'")
+    p.add_argument("--terms", type=int, default=2, help="operands per question (3: '7 + 12 * 3')")
     args = p.parse_args(argv)
     if not args.ops or set(args.ops) - set(OPS):
         p.error(f"--ops must be a non-empty subset of {''.join(OPS)!r}")
+    if args.terms < 2:
+        p.error(f"--terms must be >= 2, got {args.terms}")
     args.ops = "".join(sorted(set(args.ops), key="+-*".index))
 
     tokenizer = None
