@@ -146,7 +146,15 @@ def test_offpolicy_metrics_equal_verls():
 def test_identical_policies_measure_no_mismatch():
     _, rollout, mask, short_cu = packed_batch()
     got = offpolicy_metrics(rollout.clone(), rollout, mask, short_cu)
-    for k in ("kl", "k3_kl", "log_ratio_abs_mean", "log_ratio_abs_max", "chi2_token", "chi2_seq", "log_ppl_diff"):
+    for k in (
+        "kl",
+        "k3_kl",
+        "log_ratio_abs_mean",
+        "log_ratio_abs_max",
+        "chi2_token",
+        "chi2_seq",
+        "log_ppl_diff",
+    ):
         assert got[k] == pytest.approx(0.0, abs=1e-6), k
     assert got["ppl_ratio"] == pytest.approx(1.0)
 
