@@ -1,4 +1,5 @@
-"""A tiny packed model honouring ReaLModel's call contract, and batches to train it on.
+"""A tiny packed model honouring ReaLModel's call contract, batches to train it on, and the tests'
+tiny ReaLModel.
 
 Embedding, per-sequence causal mixing (mean of the tokens so far within each sequence), an MLP
 block with dropout, and a head: enough for outputs to depend on sequence boundaries, so a wrong
@@ -10,10 +11,24 @@ from __future__ import annotations
 import torch
 
 from realrl.api.core.data_api import SequenceSample
-from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput
+from realrl.api.core.model_api import GenerationHyperparameters, GenerationOutput, ReaLModelConfig
+from realrl.impl.model.nn import ReaLModel
 from realrl.impl.model.utils.functional import gather_packed_shifted_log_probs
 
 VOCAB = 17
+
+
+def tiny_config(**kw) -> ReaLModelConfig:
+    """The tests' tiny model: 2 layers, grouped-query attention, the toy batches' 17 tokens."""
+    return ReaLModelConfig(
+        n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=32, intermediate_dim=64, vocab_size=VOCAB, **kw
+    )
+
+
+def tiny_model(seed: int = 0) -> ReaLModel:
+    """``tiny_config``'s model with weights drawn under ``seed``."""
+    torch.manual_seed(seed)
+    return ReaLModel(tiny_config())
 
 
 def causal_segment_mean(h: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:

@@ -9,14 +9,12 @@ import sys
 
 import pytest
 import torch
-from _backend_toy import make_batch
+from _backend_toy import make_batch, tiny_model
 from torch.distributed.device_mesh import init_device_mesh
 
-from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.engine import InferenceEngine
 from realrl.impl.model.backend.train_engine import TrainEngine
-from realrl.impl.model.nn import ReaLModel
 from realrl.impl.model.parallel.fsdp import apply_fsdp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -25,23 +23,15 @@ from compute_dtype import ComputeDtypeCheck, ComputeDtypeError  # noqa: E402
 LENGTHS = [5, 9, 3]
 
 
-def model() -> ReaLModel:
-    torch.manual_seed(0)
-    cfg = ReaLModelConfig(
-        n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=32, intermediate_dim=64, vocab_size=17
-    )
-    return ReaLModel(cfg)
-
-
 def test_a_bf16_inference_engine_passes_and_is_counted():
-    engine = InferenceEngine(model(), EngineConfig(dtype="bf16"))
+    engine = InferenceEngine(tiny_model(), EngineConfig(dtype="bf16"))
     with ComputeDtypeCheck(torch.bfloat16) as check:
         engine.forward(make_batch(LENGTHS, seed=1))
     assert check.checked >= 2 * 4  # q/k/v/o and the MLP's products of two layers, at least
 
 
 def test_a_bf16_train_engine_computes_under_autocast_in_bf16():
-    engine = TrainEngine(model(), OptimizerConfig(lr=1e-2), EngineConfig(dtype="bf16"))
+    engine = TrainEngine(tiny_model(), OptimizerConfig(lr=1e-2), EngineConfig(dtype="bf16"))
     batch = make_batch(LENGTHS, seed=2)
     with ComputeDtypeCheck(torch.bfloat16) as check, engine.mode(training=True):
         engine.packed_forward(engine.split(batch, None)[0]).float().sum().backward()
@@ -49,7 +39,7 @@ def test_a_bf16_train_engine_computes_under_autocast_in_bf16():
 
 
 def test_an_fp32_engine_fails_the_bf16_rule_naming_the_op():
-    engine = InferenceEngine(model(), EngineConfig(dtype="fp32"))
+    engine = InferenceEngine(tiny_model(), EngineConfig(dtype="fp32"))
     with pytest.raises(ComputeDtypeError, match=r"aten\.\w+.*torch\.float32.*bfloat16"):
         with ComputeDtypeCheck(torch.bfloat16):
             engine.forward(make_batch(LENGTHS, seed=1))
@@ -57,7 +47,7 @@ def test_an_fp32_engine_fails_the_bf16_rule_naming_the_op():
 
 def test_a_model_sharded_before_its_cast_is_caught(one_rank_group):
     """The order FSDP2 punishes: shard, run a forward (which fixes the gathered dtype), then cast."""
-    module = model()
+    module = tiny_model()
     apply_fsdp(module, init_device_mesh("cpu", (1,)))
     batch = make_batch(LENGTHS, seed=1)
     ids = batch.data["packed_input_ids"]
@@ -71,7 +61,7 @@ def test_a_model_sharded_before_its_cast_is_caught(one_rank_group):
 
 
 def test_an_fsdp_engine_that_casts_first_passes(one_rank_group):
-    module = model()
+    module = tiny_model()
     apply_fsdp(module, init_device_mesh("cpu", (1,)))
     engine = InferenceEngine(module, EngineConfig(dtype="bf16"))
     with ComputeDtypeCheck(torch.bfloat16) as check:
@@ -82,7 +72,7 @@ def test_an_fsdp_engine_that_casts_first_passes(one_rank_group):
 def test_an_fsdp_train_engine_settles_its_root_in_its_dtype(one_rank_group):
     """FSDP2's first forward (the engine's one-token dry run) runs under the engine's autocast,
     as every later call does: a bf16 train engine computes nothing in fp32, not even that."""
-    module = model()
+    module = tiny_model()
     apply_fsdp(module, init_device_mesh("cpu", (1,)))
     with ComputeDtypeCheck(torch.bfloat16) as check:
         engine = TrainEngine(module, OptimizerConfig(lr=1e-2), EngineConfig(dtype="bf16"))

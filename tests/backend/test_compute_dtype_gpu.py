@@ -15,10 +15,9 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from _backend_toy import make_batch, n_loss_tokens, token_loss
+from _backend_toy import make_batch, n_loss_tokens, tiny_model, token_loss
 from torch.distributed.device_mesh import init_device_mesh
 
-from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.engine import InferenceEngine
 from realrl.impl.model.backend.train_engine import TrainEngine
@@ -38,11 +37,7 @@ LENGTHS = [5, 9, 3]  # the CPU version's shapes
 
 def sharded_model() -> ReaLModel:
     """The CPU version's tiny model, on the GPU, sharded over the one-rank CUDA mesh."""
-    torch.manual_seed(0)
-    cfg = ReaLModelConfig(
-        n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=32, intermediate_dim=64, vocab_size=17
-    )
-    module = ReaLModel(cfg).cuda()
+    module = tiny_model().cuda()
     apply_fsdp(module, init_device_mesh("cuda", (1,)))
     return module
 

@@ -7,28 +7,18 @@ whatever the number of ranks."""
 from __future__ import annotations
 
 import torch
-from _backend_toy import make_batch, n_loss_tokens, token_loss
+from _backend_toy import make_batch, n_loss_tokens, tiny_model, token_loss
 from torch.distributed.device_mesh import init_device_mesh
 
-from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.engine import InferenceEngine
 from realrl.impl.model.backend.train_engine import TrainEngine
-from realrl.impl.model.nn import ReaLModel
 from realrl.impl.model.parallel.dtensor import is_dtensor
 from realrl.impl.model.parallel.fsdp import apply_fsdp, gathered
 from realrl.impl.model.parallel.pipeline import PipelineStage
 
 BF16 = EngineConfig(dtype="bf16")
 LENGTHS = [5, 9, 3]
-
-
-def model(seed: int = 0) -> ReaLModel:
-    torch.manual_seed(seed)
-    cfg = ReaLModelConfig(
-        n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=32, intermediate_dim=64, vocab_size=17
-    )
-    return ReaLModel(cfg)
 
 
 def sharded(module: torch.nn.Module) -> torch.nn.Module:
@@ -43,8 +33,8 @@ def gathered_dtypes(module: torch.nn.Module) -> set[torch.dtype]:
 
 def test_fsdp_inference_engine_gathers_and_computes_in_bf16(one_rank_group):
     batch = make_batch(LENGTHS, seed=1)
-    want = InferenceEngine(model(), BF16).forward(batch)
-    engine = InferenceEngine(sharded(model()), BF16)
+    want = InferenceEngine(tiny_model(), BF16).forward(batch)
+    engine = InferenceEngine(sharded(tiny_model()), BF16)
     assert all(is_dtensor(p) for p in engine.module.parameters())  # sharded again after its first forward
     got = engine.forward(batch)
     assert got.dtype == torch.bfloat16
@@ -55,7 +45,7 @@ def test_fsdp_inference_engine_gathers_and_computes_in_bf16(one_rank_group):
 def test_fsdp_pipeline_stage_hands_on_its_own_dtype(one_rank_group):
     """The activations a first stage hands the next are in the stage's dtype, the dtype its link
     to the next stage carries."""
-    stage = PipelineStage.of(model(), 0, 2)
+    stage = PipelineStage.of(tiny_model(), 0, 2)
     engine = InferenceEngine(sharded(stage), BF16)
     ids = make_batch(LENGTHS, seed=2).data["packed_input_ids"]
     cu = torch.tensor([0, 5, 14, 17], dtype=torch.int32)
@@ -65,7 +55,7 @@ def test_fsdp_pipeline_stage_hands_on_its_own_dtype(one_rank_group):
 
 
 def test_fsdp_train_engine_keeps_fp32_masters_and_computes_in_bf16(one_rank_group):
-    engine = TrainEngine(sharded(model()), OptimizerConfig(lr=1e-2), BF16)
+    engine = TrainEngine(sharded(tiny_model()), OptimizerConfig(lr=1e-2), BF16)
     assert {p.dtype for p in engine.module.parameters()} == {torch.float32}
     batch = make_batch(LENGTHS, seed=3)
     with engine.mode(training=True):

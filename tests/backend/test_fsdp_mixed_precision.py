@@ -12,14 +12,12 @@ import sys
 
 import pytest
 import torch
-from _backend_toy import make_batch, n_loss_tokens, token_loss
+from _backend_toy import make_batch, n_loss_tokens, tiny_model, token_loss
 from torch.distributed.device_mesh import init_device_mesh
 
-from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.backend.backends import fsdp_param_dtype
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.train_engine import TrainEngine
-from realrl.impl.model.nn import ReaLModel
 from realrl.impl.model.parallel.dtensor import is_dtensor
 from realrl.impl.model.parallel.fsdp import apply_fsdp, gathered
 
@@ -29,18 +27,10 @@ from compute_dtype import ComputeDtypeCheck  # noqa: E402
 LENGTHS = [5, 9, 3]
 
 
-def model(seed: int = 0) -> ReaLModel:
-    torch.manual_seed(seed)
-    cfg = ReaLModelConfig(
-        n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=32, intermediate_dim=64, vocab_size=17
-    )
-    return ReaLModel(cfg)
-
-
 def fsdp_train_engine(dtype: str) -> TrainEngine:
     """Sharded as the train backend shards it: the policy's dtype is the backend's decision."""
     config = EngineConfig(dtype=dtype, fsdp=True)
-    module = model()
+    module = tiny_model()
     apply_fsdp(module, init_device_mesh("cpu", (1,)), fsdp_param_dtype(config, "cpu", trains=True))
     return TrainEngine(module, OptimizerConfig(lr=1e-2), config)
 
@@ -74,7 +64,7 @@ def test_bf16_fsdp_train_engine_gathers_in_bf16_over_fp32_masters(one_rank_group
     assert {p.dtype for p in engine.module.parameters()} == {torch.float32}
     assert any(not torch.equal(b, p.detach().full_tensor()) for b, p in zip(before, params))
 
-    reference = TrainEngine(model(), OptimizerConfig(lr=1e-2), EngineConfig(dtype="bf16"))
+    reference = TrainEngine(tiny_model(), OptimizerConfig(lr=1e-2), EngineConfig(dtype="bf16"))
     want = reference.train_batch(batch, None, token_loss, n_loss_tokens)
     assert stats["loss"] == pytest.approx(want["loss"], rel=2e-2)  # bf16 weights vs autocast's casts
 

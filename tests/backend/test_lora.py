@@ -11,7 +11,7 @@ import peft
 import pytest
 import torch
 import transformers
-from _backend_toy import make_batch, n_loss_tokens, token_loss
+from _backend_toy import make_batch, n_loss_tokens, tiny_config, token_loss
 
 from realrl.api.core.data_api import MicroBatchSpec
 from realrl.api.core.lora import LoRAConfig, adapter_param_count
@@ -27,15 +27,9 @@ LENGTHS = [5, 9, 3, 12, 7, 4, 10, 6]
 RANK = 4
 
 
-def config(**kw) -> ReaLModelConfig:
-    return ReaLModelConfig(
-        n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=32, intermediate_dim=64, vocab_size=17, **kw
-    )
-
-
 def base_model(seed: int = 0, **kw) -> ReaLModel:
     torch.manual_seed(seed)
-    return ReaLModel(config(**kw))
+    return ReaLModel(tiny_config(**kw))
 
 
 def adapted(seed: int = 0, **kw) -> ReaLModel:

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 import transformers
-from _backend_toy import make_batch, n_loss_tokens, token_loss
+from _backend_toy import make_batch, n_loss_tokens, tiny_config, token_loss
 
 import realrl.impl.builtin  # noqa: F401  (registers models and backends)
 from realrl.api.core.config import ModelAbstraction
@@ -16,7 +16,6 @@ from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import (
     FinetuneSpec,
     GenerationHyperparameters,
-    ReaLModelConfig,
     make_backend,
     make_model,
 )
@@ -28,17 +27,10 @@ from realrl.impl.model.nn import ReaLModel
 LENGTHS = [5, 9, 3, 12, 7, 4, 10, 6]
 
 
-def config(**kw) -> ReaLModelConfig:
-    # vocab 17 matches the toy batches of _backend_toy
-    return ReaLModelConfig(
-        n_layers=2, n_q_heads=4, n_kv_heads=2, hidden_dim=32, intermediate_dim=64, vocab_size=17, **kw
-    )
-
-
 def train_engine(seed: int = 0, engine_cfg: EngineConfig | None = None, **kw) -> TrainEngine:
     torch.manual_seed(seed)
     opt = OptimizerConfig(lr=1e-2, weight_decay=0.1, lr_scheduler_type="linear")
-    return TrainEngine(ReaLModel(config(**kw)), opt, engine_cfg, total_train_steps=4)
+    return TrainEngine(ReaLModel(tiny_config(**kw)), opt, engine_cfg, total_train_steps=4)
 
 
 def grads(engine: TrainEngine) -> list[torch.Tensor]:
@@ -141,7 +133,7 @@ def test_critic_checkpoint_round_trip(tmp_path):
 
 def test_generate_micro_batches_are_prompt_major():
     torch.manual_seed(0)
-    engine = InferenceEngine(ReaLModel(config()))
+    engine = InferenceEngine(ReaLModel(tiny_config()))
     plens = [3, 6, 2, 5]
     g = torch.Generator().manual_seed(0)
     prompts = SequenceSample.from_default(
@@ -159,7 +151,7 @@ def test_generate_micro_batches_are_prompt_major():
 
 
 def test_backends_from_registries():
-    cfg = {k: v for k, v in config().__dict__.items() if k != "is_critic"}
+    cfg = {k: v for k, v in tiny_config().__dict__.items() if k != "is_critic"}
     ft = FinetuneSpec(total_train_epochs=1, dataset_size=8, train_batch_size=2)
     model = make_model(ModelAbstraction("real_model", {"config": cfg}), "actor")
     model = make_backend("train").initialize(model, ft)
@@ -176,7 +168,7 @@ def test_backends_from_registries():
 @pytest.mark.gpu
 def test_bf16_training_on_gpu():
     torch.manual_seed(0)
-    engine = TrainEngine(ReaLModel(config()), OptimizerConfig(lr=1e-3), EngineConfig(), device="cuda")
+    engine = TrainEngine(ReaLModel(tiny_config()), OptimizerConfig(lr=1e-3), EngineConfig(), device="cuda")
     assert engine.dtype == torch.bfloat16
     batch = make_batch(LENGTHS)
     losses = [
