@@ -60,7 +60,7 @@ def hf_completions(path: str, tokenizer, ids: list[list[int]], max_new_tokens: i
     """Greedy answers from transformers' own generate, left-padded with the attention mask."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out: list[str] = []
     for start in range(0, len(ids), batch):
