@@ -2,6 +2,7 @@
 
     python examples/real_model/evaluate.py CHECKPOINT --data outputs/arith/rl_valid.jsonl
     python examples/real_model/evaluate.py CHECKPOINT --data ... --hf   # transformers' generate
+    python examples/real_model/evaluate.py BASE --data ... --hf --adapter ADAPTER   # peft on BASE
 
 ``CHECKPOINT`` is an HF folder (``make_hf_folder.py``) or one a realrl run saved. Rows are the
 ``prompt`` dataset's (``{"prompt", "answer"}``, as ``make_arith_prompts.py`` writes ``rl_*.jsonl``);
@@ -13,7 +14,9 @@ Default mode generates through realrl's own inference engine: greedy accuracy, t
 answers per problem at temperature 1 (no top-p / top-k) for pass@k (a problem counts when any of
 its answers is right) and the mean accuracy of the sampled answers. ``--hf`` decodes the same
 prompts greedily with ``transformers.AutoModelForCausalLM.generate`` (left-padded batches), to
-check that realrl's greedy figure is the model's and not the engine's. One JSON line is printed.
+check that realrl's greedy figure is the model's and not the engine's; with ``--adapter`` the
+model is ``peft``'s ``PeftModel`` of that adapter folder (a LoRA run's ``checkpoints/actor/final/adapter``)
+on the base folder ``CHECKPOINT``. One JSON line is printed (and written to ``--out``).
 """
 
 from __future__ import annotations
@@ -56,11 +59,32 @@ def realrl_completions(
     return model.tokenizer.batch_decode(answers, skip_special_tokens=True)
 
 
-def hf_completions(path: str, tokenizer, ids: list[list[int]], max_new_tokens: int, batch: int) -> list[str]:
-    """Greedy answers from transformers' own generate, left-padded with the attention mask."""
+def in_pieces(prompts: SequenceSample, mb_tokens: int, what: str, generate) -> list[str]:
+    """``generate`` on each micro-batch the engine would cut ``prompts`` into (``mb_tokens``), in
+    order, behind a progress bar: the same answers as one call, which decodes those pieces anyway."""
+    from tqdm import tqdm
+
+    out: list[str] = []
+    with tqdm(total=prompts.bs, desc=what, unit="problem", file=sys.stderr, mininterval=2.0) as bar:
+        for piece in prompts.split(MicroBatchSpec(max_tokens_per_mb=mb_tokens)):
+            out += generate(piece)
+            bar.update(piece.bs)
+    return out
+
+
+def hf_completions(
+    path: str, tokenizer, ids: list[list[int]], max_new_tokens: int, batch: int, adapter: str | None = None
+) -> list[str]:
+    """Greedy answers from transformers' own generate, left-padded with the attention mask
+    (``adapter``: a peft LoRA folder loaded on the model first)."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if adapter is not None:
+        import peft
+
+        model = peft.PeftModel.from_pretrained(model, adapter)
+    model.eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out: list[str] = []
     for start in range(0, len(ids), batch):
@@ -88,50 +112,78 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", help="folder with the tokenizer (default: the checkpoint)")
     p.add_argument("-n", "--n", type=int, default=100, help="problems, from the top of --data")
     p.add_argument("--k", type=int, default=8, help="sampled answers per problem for pass@k (0: skip)")
+    p.add_argument("--pass-n", type=int, help="problems for pass@k, the first of the -n (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--batch", type=int, default=32, help="prompts per generation batch")
     p.add_argument("--hf", action="store_true", help="greedy only, through transformers' generate")
+    p.add_argument("--adapter", help="with --hf: a peft adapter folder to load on CHECKPOINT (the base)")
     p.add_argument("--samples", type=int, default=3, help="problems whose greedy answers are printed")
+    p.add_argument("--out", help="also write the JSON result to this file")
     args = p.parse_args(argv)
-    for what, path in (("checkpoint", args.checkpoint), ("--data", args.data)):
-        if not os.path.exists(path):
+    if args.adapter and not args.hf:
+        p.error("--adapter needs --hf (realrl evaluates a LoRA run's merged checkpoint folder itself)")
+    for what, path in (("checkpoint", args.checkpoint), ("--data", args.data), ("--adapter", args.adapter)):
+        if path is not None and not os.path.exists(path):
             print(f"error: {what} {path} does not exist", file=sys.stderr)
             return 2
     tok_path = args.tokenizer or args.checkpoint
 
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
-    result: dict = {"checkpoint": args.checkpoint, "data": args.data, "mode": "hf" if args.hf else "realrl"}
+    mode = ("peft" if args.adapter else "hf") if args.hf else "realrl"
+    result: dict = {"checkpoint": args.checkpoint, "data": args.data, "mode": mode}
+    if args.adapter:
+        result["adapter"] = args.adapter
     if args.hf:
         import transformers
 
         tok = transformers.AutoTokenizer.from_pretrained(tok_path)
         prompts = load_batch("prompt", {"dataset_path": args.data, "metadata_keys": ["answer"]}, tok, args.n)
-        greedy = hf_completions(args.checkpoint, tok, prompt_ids(prompts), args.max_new_tokens, args.batch)
+        greedy = hf_completions(
+            args.checkpoint, tok, prompt_ids(prompts), args.max_new_tokens, args.batch, args.adapter
+        )
     else:
         model = load_for_inference(args.checkpoint, tok_path)
         tok = model.tokenizer
         prompts = load_batch("prompt", {"dataset_path": args.data, "metadata_keys": ["answer"]}, tok, args.n)
         mb_tokens = args.batch * max(prompts.flat_seqlens("packed_prompts"))
         base = GenerationHyperparameters(max_new_tokens=args.max_new_tokens, top_p=1.0, top_k=0)
-        greedy = realrl_completions(model, prompts, dataclasses.replace(base, greedy=True), mb_tokens)
+        greedy_config = dataclasses.replace(base, greedy=True)
+        greedy = in_pieces(
+            prompts, mb_tokens, "greedy", lambda p: realrl_completions(model, p, greedy_config, mb_tokens)
+        )
     answers = [str(a) for a in prompts.metadata["answer"]]
     right = score(greedy, answers)
     n = len(answers)
     result.update(n=n, accuracy=round(sum(right) / n, 4))
     if not args.hf and args.k > 0:
-        sampled = realrl_completions(model, prompts, dataclasses.replace(base, n=args.k), mb_tokens)
-        hits = score(sampled, [a for a in answers for _ in range(args.k)])
-        per_problem = [max(hits[i * args.k : (i + 1) * args.k]) for i in range(n)]
+        n_pass = min(args.pass_n or n, n)
+        some = prompts if n_pass == n else prompts.split_with_lengths([n_pass, n - n_pass])[0]
+        sampled_config = dataclasses.replace(base, n=args.k)
+        sampled = in_pieces(
+            some,
+            mb_tokens,
+            f"{args.k} answers each",
+            lambda p: realrl_completions(model, p, sampled_config, mb_tokens),
+        )
+        hits = score(sampled, [a for a in answers[:n_pass] for _ in range(args.k)])
+        per_problem = [max(hits[i * args.k : (i + 1) * args.k]) for i in range(n_pass)]
         result.update(
             k=args.k,
-            pass_at_k=round(sum(per_problem) / n, 4),
+            pass_n=n_pass,
+            pass_at_k=round(sum(per_problem) / n_pass, 4),
             sampled_accuracy=round(sum(hits) / len(hits), 4),
         )
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["samples"] = [{"answer": a, "greedy": g} for a, g in zip(answers[: args.samples], greedy)]
-    print(json.dumps(result))
+    result["greedy"] = greedy  # every answer, so two modes can be compared problem by problem
+    print(json.dumps({k: v for k, v in result.items() if k != "greedy"}))
+    if args.out:
+        tmp = f"{args.out}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, args.out)
     return 0
 
 

@@ -110,6 +110,8 @@ def build(args: argparse.Namespace, tokenizer) -> dict[str, list[dict]]:
         "rl_train": args.n_rl,
         "rl_valid": args.n_valid,
     }
+    # only the phases asked for draw questions, so a small task can hold more of them out
+    sizes = {name: n for name, n in sizes.items() if name.split("_")[0] in args.phases}
     if args.terms == 2:
         pool = all_questions(args.max_operand, args.ops)
         rng.shuffle(pool)
@@ -167,7 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-operand", type=int, default=100, help="operands are 0 .. max-operand - 1")
     p.add_argument("--ops", default="+-*", help="operators to draw from, a subset of '+-*'")
     p.add_argument("--terms", type=int, default=2, help="operands per question (3: '7 + 12 * 3')")
+    p.add_argument(
+        "--phases",
+        default="sft,rw,rl",
+        help="whose files to write, comma-separated from sft, rw, rl ('rl': rl_train and rl_valid only)",
+    )
     args = p.parse_args(argv)
+    args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    if not args.phases or set(args.phases) - {"sft", "rw", "rl"}:
+        p.error(f"--phases must name some of sft, rw, rl; got {','.join(args.phases) or 'none'!r}")
     if not args.ops or set(args.ops) - set(OPS):
         p.error(f"--ops must be a non-empty subset of {''.join(OPS)!r}")
     if args.terms < 2:

@@ -23,6 +23,7 @@ from realrl.apps.preflight import check_paths
 from realrl.apps.run_records import set_aside
 from realrl.apps.summarize import EvaluationProcess, can_hand_over
 from realrl.base import logging, stats
+from realrl.base.peak_memory import GB, peak_rss_bytes
 from realrl.experiments.common import task_model_config
 from realrl.experiments.tasks import get_task, has_checkpoint
 from realrl.experiments.tasks.base import Recipe
@@ -272,12 +273,13 @@ def run_quickstart(
     run; the summary of the last one, ``cfg``'s own."""
     start = time.time()
     seconds: dict[str, float] = {}  # where the time went, phase by phase (summary.json)
+    memory: dict[str, dict[str, float]] = {}  # and the workers' peak memory, phase by phase
     *before, phase = phases or plan_phases(name, cfg)
     for pre in before:
         logger.info("running the %s phase first (no checkpoint under %s)", pre.name, pre.config.run_dir)
         fresh_records(pre)
         t = time.time()
-        run_one(pre.config, standby, warm_next=True, exp=pre.experiment)
+        memory[pre.name] = phase_memory(run_one(pre.config, standby, warm_next=True, exp=pre.experiment))
         seconds[pre.name] = round(time.time() - t, 2)
     fresh_records(phase)  # before the evaluation's process opens its log there
     recipe = get_task(cfg.task).recipe(name) if cfg.task else None
@@ -292,7 +294,8 @@ def run_quickstart(
         t = time.time()
         records = run_one(cfg, standby, exp=phase.experiment)
         seconds[name] = round(time.time() - t, 2)
-        return _summarize(name, cfg, records, recipe, evaluation, start, seconds)
+        memory[name] = phase_memory(records)
+        return _summarize(name, cfg, records, recipe, evaluation, start, seconds, memory)
     finally:
         if evaluation is not None:
             evaluation.close()
@@ -304,6 +307,13 @@ def evaluates(cfg: CommonExperimentConfig) -> bool:
     return getattr(cfg, "toy_eval_prompts", 1) > 0
 
 
+def phase_memory(records: list[dict]) -> dict[str, float]:
+    """A phase's peak memory: its last step record's ``memory/*`` (each worker's peak since it
+    started for the phase), without the prefix; empty for a phase with no steps."""
+    last = records[-1] if records else {}
+    return {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("memory/")}
+
+
 def _summarize(
     name: str,
     cfg: CommonExperimentConfig,
@@ -312,6 +322,7 @@ def _summarize(
     evaluation: EvaluationProcess | None,
     start: float,
     seconds: dict[str, float],
+    memory: dict[str, dict[str, float]],
 ) -> dict:
     """The run's plots and ``summary.json``: the last step's figures, samples, the task's
     held-out evaluation and where the time went."""
@@ -345,6 +356,10 @@ def _summarize(
         seconds["evaluation"] = round(time.time() - evaluating, 2)  # beside the plots
     summary["wall_seconds"] = round(time.time() - start, 1)
     summary["phase_seconds"] = seconds
+    for figure in dict.fromkeys(k for figures in memory.values() for k in figures):
+        # e.g. phase_worker_peak_rss_gb: {"sft": 1.1, "rw": 1.0, "ppo": 1.4}
+        summary[f"phase_{figure}"] = {p: f[figure] for p, f in memory.items() if figure in f}
+    summary["master_peak_rss_gb"] = round(peak_rss_bytes() / GB, 4)
     stats.write_summary(run_dir, summary)
     logger.info(
         "outputs under %s (stats.jsonl, plots: %s, summary.json)",

@@ -127,4 +127,5 @@ def merged_result(results: list[CallResult]) -> CallResult:
         seconds=sum(r.seconds for r in results),
         n_tokens=sum(r.n_tokens for r in results),
         samples=samples or None,
+        peak_memory={w: m for r in results for w, m in r.peak_memory.items()},
     )

@@ -59,6 +59,8 @@ class CallResult:
     unfinished: int = 0  # a generate call in pieces: answers still being decoded, all dp ranks
     rank_stats: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per dp rank
     push: PushResult | None = None
+    # each worker's peak memory so far, as it replied (``MFCReply.peak_memory``), by worker index
+    peak_memory: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     def then(self, later: CallResult) -> CallResult:
         """This piece of a generate call followed by ``later``: the workers' seconds add up, the
@@ -78,6 +80,7 @@ class CallResult:
             unfinished=later.unfinished,
             rank_stats=ranks,
             push=later.push,  # like realloc: an earlier piece's is in the step's record already
+            peak_memory={**self.peak_memory, **later.peak_memory},
         )
 
 
@@ -220,6 +223,7 @@ class CallDispatcher:
             unfinished=unfinished,
             rank_stats=stats,
             push=_push_result(replies),
+            peak_memory={w: r.peak_memory for w, r in replies.items() if r.peak_memory},
         )
 
 

@@ -18,6 +18,7 @@ from realrl.api.core.model_api import DROPPED_KEY, SAMPLES_KEY
 from realrl.api.core.system_api import ModelWorkerConfig
 from realrl.base import logging, seeding
 from realrl.base.failpoints import Failpoints
+from realrl.base.peak_memory import process_peaks
 from realrl.impl.model.nn.lora import adapters_disabled
 from realrl.system.data_transfer import PendingSends, TensorStore, push_outputs, run_transfers
 from realrl.system.model_worker_setup import HeldModels
@@ -54,6 +55,7 @@ class MFCRunner:
         tik = time.monotonic()
         reply = self._run(req)
         reply.seconds = time.monotonic() - tik
+        reply.peak_memory = process_peaks()
         return reply
 
     def _run(self, req: MFCRequest) -> MFCReply:

@@ -174,3 +174,5 @@ class MFCReply:
     # (receiving the pushed versions it took first)
     pushed: dict[str, float] | None = None
     unfinished: int = 0  # a generate call in pieces: answers this worker is still decoding
+    # the worker's peak memory since it started (``base.peak_memory.process_peaks``)
+    peak_memory: dict[str, float] | None = None

@@ -2,7 +2,8 @@
 
 A record opens when the step's batch joins the graph (``{"step", "epoch", "timing"}``, 1-based),
 collects what each finished call adds (``<mfc>/<stat>``, ``timing/<mfc>``, reallocations under
-``realloc/<role>/...``, weight pushes under ``push/<role>/...``, the parts' own keys: ``eval/*``, ``async/*``, ``dynamic_sampling/*``) and
+``realloc/<role>/...``, weight pushes under ``push/<role>/...``, the workers' peak memory so far
+under ``memory/...``, the parts' own keys: ``eval/*``, ``async/*``, ``dynamic_sampling/*``) and
 is written, in step order, once every call of its step is done: a line of ``stats.jsonl``, the
 decoded samples in ``samples.jsonl``, one short log line (the step's seconds and a few key
 figures), the ``on_step`` callback (progress bar, TensorBoard).
@@ -35,6 +36,7 @@ class StepLog:
         self.stats_path = os.path.join(run_dir, "stats.jsonl")
         # a few decoded prompts, completions and rewards per step, one line per step
         self.samples_path = os.path.join(run_dir, "samples.jsonl")
+        self.peaks: dict[int, dict[str, float]] = {}  # each model worker's peak memory, as last reported
 
     # -- writing a record ------------------------------------------------------------------------
 
@@ -55,6 +57,7 @@ class StepLog:
         record = self.records[step]
         record.update({f"{mfc.name}/{k}": v for k, v in sorted(result.stats.items())})
         self.timing(step, mfc.name, result.seconds)
+        self.peaks.update(result.peak_memory)
         if result.samples:
             record.setdefault(SAMPLES_KEY, []).extend(result.samples)
         self.realloc(step, mfc.role, result)
@@ -99,6 +102,7 @@ class StepLog:
     def write(self, step: int, total_steps: int) -> None:
         """The record of ``step``, complete: into the files, the log and ``on_step``."""
         record = self.records.pop(step)
+        record.update(memory_figures(self.peaks))
         record["time"] = time.time()
         self.stats.append(record)
         samples = record.get(SAMPLES_KEY)
@@ -124,6 +128,24 @@ class StepLog:
                     f.writelines(kept)
             elif os.path.exists(path):
                 os.remove(path)
+
+
+def memory_figures(peaks: dict[int, dict[str, float]]) -> dict[str, float]:
+    """The model workers' peak memory so far (each worker's own peak since it started):
+    ``memory/worker_peak_rss_gb`` the largest worker's, ``memory/workers_peak_rss_gb`` their sum
+    (an upper bound of what the workers held at once), ``memory/device_peak_gb`` the largest
+    worker's accelerator peak where it has one."""
+    if not peaks:
+        return {}
+    host = [p["host_rss_gb"] for p in peaks.values() if "host_rss_gb" in p]
+    device = [p["device_gb"] for p in peaks.values() if "device_gb" in p]
+    figures = {}
+    if host:
+        figures["memory/worker_peak_rss_gb"] = max(host)
+        figures["memory/workers_peak_rss_gb"] = round(sum(host), 4)
+    if device:
+        figures["memory/device_peak_gb"] = max(device)
+    return figures
 
 
 def brief(record: dict) -> str:

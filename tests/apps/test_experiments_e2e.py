@@ -120,6 +120,13 @@ def test_ppo_default_writes_the_toy_summary(fileroot):
         assert on_disk[key] is not None, key
     assert on_disk["kl"] >= 0 and 0 <= on_disk["rm_accuracy"] <= 1
     assert "compute_adv/task_reward" in on_disk and "critic_train/critic_loss" in on_disk
+    # time and memory, phase by phase: the largest worker holds at least its models
+    largest, together = (
+        on_disk["phase_worker_peak_rss_gb"]["ppo"],
+        on_disk["phase_workers_peak_rss_gb"]["ppo"],
+    )
+    assert 0.2 < largest <= together and on_disk["phase_seconds"]["ppo"] > 0
+    assert on_disk["master_peak_rss_gb"] > 0.02
     plots = set(os.listdir(os.path.join(cfg.run_dir, "plots")))
     assert {"reward.png", "kl.png", "loss.png"} <= plots, plots  # the README's reward, KL and loss
 

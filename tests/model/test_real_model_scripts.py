@@ -60,3 +60,53 @@ def test_evaluate_names_a_missing_checkpoint(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: checkpoint {tmp_path / 'nope'} does not exist"
+
+
+def test_phases_choose_the_files_and_leave_the_questions_to_them(tmp_path):
+    """``--phases rl``: only rl_train and rl_valid are written, so a small task can hold out more
+    (the 800 questions of '+*' below 20: 500 held out, 300 to train on)."""
+    arith = load("make_arith_prompts")
+    args = ["--format", "messages", "--ops", "+*", "--max-operand", "20", "--out", str(tmp_path)]
+    assert arith.main([*args, "--phases", "rl", "--n-rl", "300", "--n-valid", "500"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rl_train.jsonl", "rl_valid.jsonl"]
+    questions = [
+        json.loads(line)["prompt"][0]["content"]
+        for name in ("rl_train", "rl_valid")
+        for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()
+    ]
+    assert len(questions) == len(set(questions)) == 800
+    with pytest.raises(SystemExit, match="1300 distinct questions asked for but only 800"):
+        arith.main([*args, "--phases", "sft,rl", "--n-sft", "0", "--n-rl", "300", "--n-valid", "500"])
+    with pytest.raises(SystemExit):
+        arith.main([*args, "--phases", "ppo"])
+
+
+def test_evaluate_takes_an_adapter_with_transformers_only(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "evaluate.py"),
+            str(tmp_path),
+            "--data",
+            str(data),
+            "--adapter",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "--adapter needs --hf" in proc.stderr
+
+
+def test_recipe_names_a_folder_that_is_not_a_model(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "recipe.py"), "--model", str(tmp_path), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(f"error: --model {tmp_path} is not an HF folder")
+    assert not (tmp_path / "o").exists()  # refused before anything is written
