@@ -266,7 +266,7 @@ class Recipe:
             "batch_reward": summary["batch_reward"],
             "train_wall_seconds": summary["command_wall_seconds"],
             "phase_seconds": summary.get("phase_seconds"),
-            "worker_peak_rss_gb": summary.get("memory/worker_peak_rss_gb"),
+            "worker_peak_rss_gb": summary.get("phase_worker_peak_rss_gb", {}).get("grpo"),
             "master_peak_rss_gb": summary.get("master_peak_rss_gb"),
         }
 

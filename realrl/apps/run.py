@@ -308,10 +308,9 @@ def evaluates(cfg: CommonExperimentConfig) -> bool:
 
 
 def phase_memory(records: list[dict]) -> dict[str, float]:
-    """A phase's peak memory: its last step record's ``memory/*`` (each worker's peak since it
-    started for the phase), without the prefix; empty for a phase with no steps."""
-    last = records[-1] if records else {}
-    return {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("memory/")}
+    """A phase's peak memory: its last step record's ``memory`` (each worker's peak since it
+    started for the phase); empty for a phase with no steps."""
+    return dict(records[-1].get("memory", {})) if records else {}
 
 
 def _summarize(

@@ -2,9 +2,10 @@
 
 A record opens when the step's batch joins the graph (``{"step", "epoch", "timing"}``, 1-based),
 collects what each finished call adds (``<mfc>/<stat>``, ``timing/<mfc>``, reallocations under
-``realloc/<role>/...``, weight pushes under ``push/<role>/...``, the workers' peak memory so far
-under ``memory/...``, the parts' own keys: ``eval/*``, ``async/*``, ``dynamic_sampling/*``) and
-is written, in step order, once every call of its step is done: a line of ``stats.jsonl``, the
+``realloc/<role>/...``, weight pushes under ``push/<role>/...``, the parts' own keys: ``eval/*``, ``async/*``, ``dynamic_sampling/*``) and
+is written, in step order, once every call of its step is done, with the model workers' peak
+memory so far beside ``timing`` (``"memory": {...}``, measurements like it, which two runs of the
+same numbers do not share): a line of ``stats.jsonl``, the
 decoded samples in ``samples.jsonl``, one short log line (the step's seconds and a few key
 figures), the ``on_step`` callback (progress bar, TensorBoard).
 The master and its parts write records only through this object.
@@ -102,7 +103,9 @@ class StepLog:
     def write(self, step: int, total_steps: int) -> None:
         """The record of ``step``, complete: into the files, the log and ``on_step``."""
         record = self.records.pop(step)
-        record.update(memory_figures(self.peaks))
+        memory = memory_figures(self.peaks)
+        if memory:
+            record["memory"] = memory
         record["time"] = time.time()
         self.stats.append(record)
         samples = record.get(SAMPLES_KEY)
@@ -132,19 +135,19 @@ class StepLog:
 
 def memory_figures(peaks: dict[int, dict[str, float]]) -> dict[str, float]:
     """The model workers' peak memory so far (each worker's own peak since it started):
-    ``memory/worker_peak_rss_gb`` the largest worker's, ``memory/workers_peak_rss_gb`` their sum
-    (an upper bound of what the workers held at once), ``memory/device_peak_gb`` the largest
-    worker's accelerator peak where it has one."""
+    ``worker_peak_rss_gb`` the largest worker's, ``workers_peak_rss_gb`` their sum (an upper
+    bound of what the workers held at once), ``device_peak_gb`` the largest worker's accelerator
+    peak where it has one."""
     if not peaks:
         return {}
     host = [p["host_rss_gb"] for p in peaks.values() if "host_rss_gb" in p]
     device = [p["device_gb"] for p in peaks.values() if "device_gb" in p]
     figures = {}
     if host:
-        figures["memory/worker_peak_rss_gb"] = max(host)
-        figures["memory/workers_peak_rss_gb"] = round(sum(host), 4)
+        figures["worker_peak_rss_gb"] = max(host)
+        figures["workers_peak_rss_gb"] = round(sum(host), 4)
     if device:
-        figures["memory/device_peak_gb"] = max(device)
+        figures["device_peak_gb"] = max(device)
     return figures
 
 

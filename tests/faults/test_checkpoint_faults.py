@@ -311,7 +311,7 @@ def final_weights(run_dir: str) -> dict[str, torch.Tensor]:
 def stats(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "stats.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    return [{k: v for k, v in r.items() if k not in ("time", "timing")} for r in rows]
+    return [{k: v for k, v in r.items() if k not in ("time", "timing", "memory")} for r in rows]
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -39,7 +39,7 @@ SHORT = [
 ]
 RL = ["ppo.ppo_n_minibatches=2", "toy_eval_prompts=8"]
 EXTRA = {"sft": [], "rw": [], "dpo": [], "ppo": RL, "grpo": RL}
-WALL_CLOCK = ("time", "timing")  # what may differ between two runs with the same numbers
+WALL_CLOCK = ("time", "timing", "memory")  # what may differ between two runs with the same numbers
 
 
 @pytest.fixture(scope="module")
