@@ -63,8 +63,9 @@ def records(run_dir: str) -> list[dict]:
 
 def wall_clock(key: str) -> bool:
     """What may differ between two runs with the same numbers: times (asynchronous RL's idle
-    times among them)."""
-    return key in WALL_CLOCK or key.endswith("seconds") or key.startswith("async/idle_s/")
+    times among them), and what the weight pushes cost (``push/*``: the seconds they blocked, and
+    only the calls this process ran report one; a resumed run restores its first generations)."""
+    return key in WALL_CLOCK or key.endswith("seconds") or key.startswith(("async/idle_s/", "push/"))
 
 
 def final_files(run_dir: str) -> dict[str, str]:
