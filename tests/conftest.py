@@ -1,8 +1,15 @@
-import pytest
-import torch
-import torch.distributed as dist
+import os
 
-import realrl.impl.builtin  # noqa: F401  (every implementation registered, as in a model worker)
+# Inductor compiles in this process rather than in a pool of subprocesses it would start in
+# every process that compiles (each test rank): on a 2-core machine the pool costs seconds, and
+# its parallel compiles buy nothing (read when Inductor's config is first imported)
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import realrl.impl.builtin  # noqa: E402, F401  (every implementation registered, as in a model worker)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,8 +7,9 @@ global batch.
 Each model takes the path a model worker takes: a checkpoint loaded already split over tp, then
 the backends' ``parallelize`` adds FSDP. A whole model split by ``parallelize`` itself (random
 weights) runs too. qwen3's per-head q/k norms are the case that needs care: each tp rank sees only
-its heads, so their gradient is a sum over the tp ranks that no wrapping may lose.
-All cases run in one spawn of 4 processes: starting processes costs more than the models.
+its heads, so their gradient is a sum over the tp ranks that no wrapping may lose. The split-vocabulary
+case runs again with its FSDP engine with ``engine.compile=on`` (compiled blocks of DTensor weights) against the
+eager whole model. All cases run in one spawn of 4 processes: starting processes costs more than the models.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Case:
     config: ReaLModelConfig | None = None  # or draw these random weights whole and split them
     is_critic: bool = False
     gradient_checkpointing: bool = False
+    compile: str = "off"  # EngineConfig.compile of the split engines ("on": compiled blocks)
 
 
 CASES = [
@@ -60,6 +62,7 @@ CASES = [
     Case("llama-critic", family="llama", is_critic=True),
     Case("qwen3-checkpointed", family="qwen3", gradient_checkpointing=True),
     Case("tied-split-vocab-qk-norm", config=SPLIT_VOCAB),
+    Case("tied-split-vocab-qk-norm-compiled", config=SPLIT_VOCAB, compile="on"),
 ]
 
 
@@ -125,9 +128,12 @@ def relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str
 
 
 def compare(case: Case, folder: str, parallel) -> dict:
-    """Both d2m2 engines (FSDP over dp, and replicated dp) against the whole model."""
+    """Both d2m2 engines (FSDP over dp, and replicated dp) against the whole model (eager)."""
     engine_cfg = EngineConfig(gradient_checkpointing=case.gradient_checkpointing)
     reference = TrainEngine(build(case, folder), OPT, engine_cfg)
+    cache = os.path.join(folder, ".inductor_cache")
+    # compiled with FSDP over tp (tp alone compiles in the pipeline engines' tests)
+    compiled_cfg = dataclasses.replace(engine_cfg, compile=case.compile, compile_cache_dir=cache)
     vocab = reference.module.config.vocab_size
     ref = train(reference, global_batch(vocab), MicroBatchSpec())
     d, _ = divmod(parallel.model_rank, LAYOUT.tp)
@@ -136,7 +142,7 @@ def compare(case: Case, folder: str, parallel) -> dict:
         context = dataclasses.replace(parallel, fsdp=fsdp)
         module = build(case, folder, context.tp_mesh)  # a checkpoint loads split; random weights do not
         parallelize(module, context)
-        sharded = TrainEngine(module, OPT, engine_cfg, parallel=context)
+        sharded = TrainEngine(module, OPT, compiled_cfg if fsdp else engine_cfg, parallel=context)
         # dp rank 1 cuts its share in two micro-batches: gradients accumulate over two backwards
         got = train(sharded, batch(d, vocab), MicroBatchSpec(n_mbs=1 + d))
         out["fsdp" if fsdp else "replicated"] = {
@@ -150,6 +156,7 @@ def compare(case: Case, folder: str, parallel) -> dict:
             "split": (all if fsdp else any)(is_dtensor(p) for p in module.parameters()),
             "grad": relative(ref["grads"], got["grads"]),
             "weight": relative(ref["weights"], got["weights"]),
+            "compiled_graphs": sharded.compile_stats().get("compile/graphs", 0.0),
         }
     return out
 
@@ -174,6 +181,7 @@ def test_a_d2m2_step_equals_the_whole_models(results, name, engine):
     ranks = [r[name][engine] for r in results]
     for r in ranks:
         assert r["same_names"] and r["split"], r
+        assert (r["compiled_graphs"] > 0) == (name.endswith("-compiled") and engine == "fsdp")
         worst = max(r["grad"], key=r["grad"].get)
         assert r["grad"][worst] < 1e-5, (worst, r["grad"][worst])
         assert r["grad_norm"] == pytest.approx(r["ref_grad_norm"], rel=1e-5)

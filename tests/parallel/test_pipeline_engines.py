@@ -7,7 +7,9 @@ Inference (a post-hook's per-token log-probs, micro-batches of different lengths
 (greedy, and sampled with two answers per prompt: the same tokens and log-probs), one training
 step (loss, clipped gradient norm over the stages, the updated weights: a tied embedding's two
 copies included) and the HF save gathered into one ordinary folder all match; every stage reads
-only its own layers' tensors and every rank of a replica returns the same result.
+only its own layers' tensors and every rank of a replica returns the same result. Under
+``-m slow``, d1m2p2 with ``engine.compile=on`` gives the same results with each stage's blocks
+compiled.
 All cases run in one spawn (starting processes costs more than the models); the families' cases
 run two at a time, on workers 0, 1 and 2, 3.
 """
@@ -31,6 +33,7 @@ from realrl.api.core.model_api import GenerationHyperparameters
 from realrl.api.core.model_size import stage_layers
 from realrl.impl.model.backend.config import EngineConfig, OptimizerConfig
 from realrl.impl.model.backend.train_engine import TrainEngine
+from realrl.impl.model.nn.compiled_blocks import GRAPH_BOUND
 from realrl.impl.model.nn.factory import make_real_model
 from realrl.impl.model.nn.moe_stats import add_router_aux_loss
 from realrl.impl.model.nn.real_model import ReaLModel
@@ -61,6 +64,7 @@ class Case:
     folder: str  # "tiny" (CFG's checkpoint) or a family's fixture
     placement: Placement
     fsdp: bool = False
+    compile: str = "off"  # EngineConfig.compile: "on" runs each stage's blocks through torch.compile
 
 
 CASES = {
@@ -75,6 +79,9 @@ CASES = {
         "tiny", Placement(Layout(dp=2, pp=2), (3, 2, 1, 0)), fsdp=True
     ),  # workers out of order
 }
+# the d1m2p2 stages compiled (packed forwards; generation stays eager): its own spawn, under -m
+# slow (compiling costs each of the 4 processes ~40 s here)
+COMPILED = {"d1m2p2-compiled": Case("tiny", CASES["d1m2p2"].placement, compile="on")}
 LENGTHS = [[5, 9, 3], [7, 4, 10, 6]]  # dp rank d's sequences
 EOS = types.SimpleNamespace(eos_token_id=[3, 7])
 GCONFIGS = {
@@ -154,17 +161,19 @@ def reference(folder: str) -> dict:
     return out
 
 
-def run_case(rank: int, name: str, ctx, folder: str, out_dir: str) -> dict:
+def run_case(rank: int, name: str, case: Case, ctx, folder: str, out_dir: str) -> dict:
     """This rank's stage's results; the case's first worker adds the whole model's."""
-    case = CASES[name]
     ref = reference(folder) if rank == case.placement.workers[0] else None
     model = make_real_model(ModelName("actor"), path=folder, parallel=ctx)
     read = model.module.checkpoint_bytes_read
     ctx = dataclasses.replace(ctx, fsdp=case.fsdp)
     parallelize(model.module, ctx)
-    engine = TrainEngine(model.module, OPT, EngineConfig(fsdp=case.fsdp), parallel=ctx)
+    cache = os.path.join(out_dir, ".inductor_cache")
+    config = EngineConfig(fsdp=case.fsdp, compile=case.compile, compile_cache_dir=cache)
+    engine = TrainEngine(model.module, OPT, config, parallel=ctx)
     d = ctx.coords[1]
     got = calls(engine, d)
+    got["compile"] = engine.compile_stats()
     saved = os.path.join(out_dir, name)
     engine.save_pretrained(saved)
     dist.barrier(group=ctx.model_group)
@@ -180,28 +189,32 @@ def run_case(rank: int, name: str, ctx, folder: str, out_dir: str) -> dict:
     }
 
 
-def worker(rank: int, folders: str, out_dir: str) -> dict:
+def worker(rank: int, folders: str, out_dir: str, cases: dict[str, Case]) -> dict:
     # every case's groups, made by every rank in one order (creating a group is collective)
     contexts = {
-        name: build_contexts({"m": c.placement}, rank, "cpu", TIMEOUT).get("m") for name, c in CASES.items()
+        name: build_contexts({"m": c.placement}, rank, "cpu", TIMEOUT).get("m") for name, c in cases.items()
     }
     return {
-        name: run_case(rank, name, contexts[name], os.path.join(folders, case.folder), out_dir)
-        for name, case in CASES.items()
+        name: run_case(rank, name, case, contexts[name], os.path.join(folders, case.folder), out_dir)
+        for name, case in cases.items()
         if contexts[name] is not None
     }
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def run_cases(tmp_path_factory, cases: dict[str, Case]) -> list[dict]:
     folders = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
     ReaLModel(CFG).save_pretrained(str(folders / "tiny"))
     ReaLModel(MOE_CFG).save_pretrained(str(folders / "tiny_moe"))
-    for family in FAMILIES_WITH_MOE:
+    for family in {c.folder for c in cases.values()} & set(FAMILIES_WITH_MOE):
         make_hf_model(family).save_pretrained(folders / family)
     out_dir = tmp_path_factory.mktemp("saved")
-    return run_ranks(worker, tmp_path_factory.mktemp("pp"), str(folders), str(out_dir), n=4)
+    return run_ranks(worker, tmp_path_factory.mktemp("pp"), str(folders), str(out_dir), cases, n=4)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_cases(tmp_path_factory, CASES)
 
 
 def ranks_of(results, name):
@@ -269,6 +282,19 @@ def test_a_training_step_equals_the_whole_models(results, name):
         assert same_weight(r["got"]["weights"], want["weights"]) == []
     held = set().union(*(r["got"]["weights"] for r in ranks))
     assert held - {"head.weight"} == set(want["weights"]) - {"head.weight"} and "head.weight" in held
+
+
+@pytest.mark.slow
+def test_compiled_stages_equal_the_whole_eager_model(tmp_path_factory):
+    results = run_cases(tmp_path_factory, COMPILED)
+    ref, ranks = reference_of(results, "d1m2p2-compiled"), ranks_of(results, "d1m2p2-compiled")
+    for r in ranks:  # each stage compiled its training and inference forwards, within the bound
+        assert 0 < r["got"]["compile"]["compile/graphs"] <= 2 * GRAPH_BOUND, r["got"]["compile"]
+        want = ref[r["dp"]]
+        assert close(r["got"]["logp"], want["logp"])
+        assert r["got"]["stats"]["grad_norm"] == pytest.approx(want["stats"]["grad_norm"], rel=1e-5)
+        assert r["got"]["stats"]["loss"] == pytest.approx(want["stats"]["loss"], rel=1e-5)
+        assert same_weight(r["got"]["weights"], want["weights"]) == []
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -2,9 +2,9 @@
 
 The model does the compiling (``ReaLModel.compile_blocks``, ``nn/compiled_blocks.py``); this
 module decides whether it applies, points Inductor's cache at the run's files so a second run
-starts warm, and says so in one log line. It applies to a whole model on one rank: a module split
-by tensor parallelism or FSDP (DTensor parameters), a pipeline stage, or a module without
-``compile_blocks`` runs eagerly, with a warning.
+starts warm, and says so in one log line. It applies to a whole model and to a pipeline stage,
+whole or split by tensor parallelism or FSDP; a module without ``compile_blocks`` runs eagerly,
+with a warning.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch
 
 from realrl.base import logging
 from realrl.impl.model.backend.config import EngineConfig
-from realrl.impl.model.parallel.dtensor import is_dtensor
 
 logger = logging.getLogger("compile")
 
@@ -42,12 +41,11 @@ def compile_module(
     config: EngineConfig,
     total_train_steps: int | None,
     device: torch.device,
-    pipelined: bool,
 ):
     """The module's ``CompiledBlocks`` when compilation applies to it, else None."""
     if not wants_compile(config, total_train_steps, device):
         return None
-    why_not = _why_eager(module, pipelined)
+    why_not = _why_eager(module)
     if why_not:
         logger.warning("engine.compile=%s: %s; its blocks run eagerly", config.compile, why_not)
         return None
@@ -67,11 +65,7 @@ def compile_module(
     return blocks
 
 
-def _why_eager(module: torch.nn.Module, pipelined: bool) -> str:
-    if pipelined:
-        return "a pipeline stage is not compiled in this version"
+def _why_eager(module: torch.nn.Module) -> str:
     if not hasattr(module, "compile_blocks"):
         return f"{type(module).__name__} offers no compile_blocks()"
-    if any(is_dtensor(p) for p in module.parameters()):
-        return "a module split by tensor parallelism or FSDP is not compiled in this version"
     return ""

@@ -126,9 +126,7 @@ class InferenceEngine:
             disable_dropout(module)
         self._place(module)
         self.pipeline = PipelineRun.of(module, parallel, self.device)
-        self.compiled = compile_module(
-            module, self.config, total_train_steps, self.device, self.pipeline is not None
-        )
+        self.compiled = compile_module(module, self.config, total_train_steps, self.device)
 
     def compile_stats(self) -> dict[str, float]:
         """``compile/graphs`` and ``compile/seconds`` so far when the blocks are compiled, else {}."""

@@ -1,7 +1,8 @@
 """Transformer blocks run through ``torch.compile`` (Inductor fuses their elementwise work).
 
 Each block is compiled, not the whole ``ReaLModel``: a packed batch's token count changes every
-call, so the token dimension is dynamic and one set of graphs serves every batch. What stays eager:
+call, so the token dimension is dynamic and one set of graphs serves every batch. The same holds
+for a pipeline stage's blocks and for blocks whose weights tensor parallelism or FSDP split. What stays eager:
 
 - the attention itself (``PackedContext.attend``: the ``cpu_varlen`` C kernel, the CUDA varlen
   kernels, SDPA), behind a graph break (``transformer_block.eager_attend``), so results stay exact;
@@ -27,7 +28,8 @@ import torch
 GRAPH_BOUND = 8
 
 
-def _run_block(layer: torch.nn.Module, x: torch.Tensor, rope, ctx, keep):
+def call_block(layer: torch.nn.Module, x: torch.Tensor, rope, ctx, keep) -> torch.Tensor:
+    """One block's forward: what runs eagerly, and what ``CompiledBlocks`` compiles."""
     return layer(x, rope, ctx, keep)
 
 
@@ -35,8 +37,11 @@ class CompiledBlocks:
     """One compiled entry point for every block of a model (a plain object, not a module: the
     model's state dict and parameters are unchanged)."""
 
-    def __init__(self, dynamic: bool = True) -> None:
-        self._fn = torch.compile(_run_block, dynamic=dynamic)
+    def __init__(self) -> None:
+        # sizes are static but for the token dimension, marked dynamic at each call: with every
+        # size symbolic (``dynamic=True``) Inductor fails on the sharding arithmetic of a block
+        # whose weights are DTensors (tensor parallelism, FSDP)
+        self._fn = torch.compile(call_block, dynamic=None)
         self.seconds = 0.0
         self._graphs_at_start = graph_count()
 
@@ -46,6 +51,12 @@ class CompiledBlocks:
         return getattr(ctx, "cache", None) is None and hasattr(ctx, "meta")
 
     def __call__(self, layer: torch.nn.Module, x: torch.Tensor, rope, ctx, keep) -> torch.Tensor:
+        if x._base is not None:
+            # a view (the local part of a DTensor: a vocabulary-split embedding's output under
+            # tensor parallelism): AOTAutograd would send its gradient to the view's base and
+            # past DTensor's own backward, which then receives a plain tensor; a copy cuts the alias
+            x = x.clone()
+        mark_token_dim(x, *(rope or ()), keep)
         before = graph_count()
         start = time.perf_counter()
         out = self._fn(layer, x, rope, ctx, keep)
@@ -58,6 +69,16 @@ class CompiledBlocks:
             "compile/graphs": float(graph_count() - self._graphs_at_start),
             "compile/seconds": self.seconds,
         }
+
+
+def mark_token_dim(*tensors: torch.Tensor | None) -> None:
+    """Dimension 0 (tokens, or rows kept) of each tensor varies from call to call: one graph for
+    every count. Called on a block's inputs and on what its eager parts (attention, experts) hand
+    back to the compiled code after a graph break. A dimension of one stays static (Dynamo
+    specialises sizes 0 and 1), so a one-token call adds one graph."""
+    for t in tensors:
+        if t is not None and t.shape[0] > 1:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
 
 
 def graph_count() -> int:

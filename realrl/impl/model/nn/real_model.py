@@ -18,7 +18,7 @@ from realrl.impl.model.modules.kv_cache import PackedContext
 from realrl.impl.model.modules.norm import make_norm
 from realrl.impl.model.modules.rotary import RotaryEmbedding
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
-from realrl.impl.model.nn.compiled_blocks import CompiledBlocks
+from realrl.impl.model.nn.compiled_blocks import CompiledBlocks, call_block
 from realrl.impl.model.nn.moe_stats import RouterLog, attach_router_stats
 from realrl.impl.model.nn.router_replay import ExpertRouting
 from realrl.impl.model.nn.transformer_block import TransformerBlock
@@ -67,10 +67,6 @@ def init_critic_head(head: nn.Linear, mode: str = "reward", generator: torch.Gen
     else:
         raise ValueError(f"unknown critic head init {mode!r}; expected one of {CRITIC_HEAD_INITS}")
     nn.init.zeros_(head.bias)
-
-
-def _call(layer: nn.Module, x: torch.Tensor, rope, ctx, keep) -> torch.Tensor:
-    return layer(x, rope, ctx, keep)
 
 
 class ReaLModel(nn.Module):
@@ -180,18 +176,18 @@ class ReaLModel(nn.Module):
         last = len(self.layers) - 1
         run = self.compiled_blocks
         if run is None or not run.applies(ctx):
-            run = _call
+            run = call_block
         for i, layer in enumerate(self.layers):
             x = run(layer, x, rope, ctx, output_index if i == last and not routed else None)
         if (routed or not self.layers) and output_index is not None:
             x = ctx.rows(x, output_index)
         return self.final_ln(x)
 
-    def compile_blocks(self, dynamic: bool = True) -> CompiledBlocks:
+    def compile_blocks(self) -> CompiledBlocks:
         """Run the blocks of packed forwards (training, inference) through ``torch.compile`` from
         now on (``nn/compiled_blocks.py``); prefill and decoding stay eager."""
         if self.compiled_blocks is None:
-            self.compiled_blocks = CompiledBlocks(dynamic)
+            self.compiled_blocks = CompiledBlocks()
         return self.compiled_blocks
 
     def packed_context(

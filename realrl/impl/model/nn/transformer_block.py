@@ -12,6 +12,7 @@ from realrl.impl.model.kernels import DecodeWeights
 from realrl.impl.model.modules.mlp import MLP
 from realrl.impl.model.modules.norm import RMSNorm, make_norm
 from realrl.impl.model.modules.rotary import apply_rotary
+from realrl.impl.model.nn.compiled_blocks import mark_token_dim
 from realrl.impl.model.nn.lora import is_adapter_layer
 from realrl.impl.model.nn.moe import MoE
 from realrl.impl.model.parallel.dtensor import is_dtensor
@@ -84,8 +85,11 @@ def eager_attend(ctx, attn: Attention, q, k, v, keep) -> torch.Tensor:
     The layer's index is read here, not in the traced code, where Dynamo would make it a constant
     and compile every block once more."""
     if keep is None:
-        return ctx.attend(attn.layer_idx, q, k, v, attn.scale, attn.window)
-    return ctx.attend(attn.layer_idx, q, k, v, attn.scale, attn.window, keep)
+        out = ctx.attend(attn.layer_idx, q, k, v, attn.scale, attn.window)
+    else:
+        out = ctx.attend(attn.layer_idx, q, k, v, attn.scale, attn.window, keep)
+    mark_token_dim(out)  # the compiled rest of the block takes any token count
+    return out
 
 
 def run_moe(moe: MoE, h: torch.Tensor, ctx, attn: Attention) -> torch.Tensor:
@@ -97,7 +101,11 @@ def run_moe(moe: MoE, h: torch.Tensor, ctx, attn: Attention) -> torch.Tensor:
 # A compiled block runs its Mixture of Experts eagerly: the expert slices' sizes are read on the
 # host (data-dependent shapes: a graph break and a recompile per new set of sizes), and routing
 # is recorded into Python objects
-eager_moe = torch.compiler.disable(run_moe)
+@torch.compiler.disable
+def eager_moe(moe: MoE, h: torch.Tensor, ctx, attn: Attention) -> torch.Tensor:
+    out = run_moe(moe, h, ctx, attn)
+    mark_token_dim(out)
+    return out
 
 
 def own_forward(module: nn.Module) -> bool:
