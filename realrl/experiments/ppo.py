@@ -177,11 +177,11 @@ class PPOConfig(CommonExperimentConfig):
 
     def unused_groups(self) -> set[str]:
         """Without a reward model there is no ``rew``, without GAE no ``critic``, and no ``ref``
-        when the LoRA actor's base is the reference."""
+        when no KL term reads the reference or the LoRA actor's base is the reference."""
         return (
             ({"rew"} if not self.uses_reward_model else set())
             | ({"critic"} if not self.uses_critic else set())
-            | ({"ref"} if self.ref_is_actor_base else set())
+            | ({"ref"} if self.ref_is_actor_base or not self.ppo.uses_reference else set())
         )
 
     @property
@@ -234,7 +234,7 @@ class PPOConfig(CommonExperimentConfig):
                 keep_gen_copy=actor.keep_gen_copy,
             ),
         }
-        if not self.ref_is_actor_base:
+        if self.ppo.uses_reference and not self.ref_is_actor_base:
             models["ref"] = ModelSpec(
                 ref.model(False, tokenizer_path=tokenizer, key="ref"), ref.backend(trainable=False)
             )
@@ -290,7 +290,11 @@ class PPOConfig(CommonExperimentConfig):
         if self.dataset.valid_path:  # held-out rollouts every exp_ctrl.eval_freq_steps and at the end
             evaluation = dict(
                 eval_prompts=self.dataset.abstraction(self.dataset.valid_path),
-                eval_calls=["actor_gen", *(["rew_inf"] if "rewards" in scores else []), "ref_inf"],
+                eval_calls=[
+                    "actor_gen",
+                    *(["rew_inf"] if "rewards" in scores else []),
+                    *(["ref_inf"] if hp.uses_reference else []),
+                ],
                 eval_mfcs=[
                     mfc(
                         "eval",
@@ -298,7 +302,7 @@ class PPOConfig(CommonExperimentConfig):
                         ModelInterfaceType.INFERENCE,
                         ModelInterfaceAbstraction("ppo_eval", {"ppo": hp, "scores": list(scores)}),
                         self.dataset.train_bs_n_seqs,
-                        eval_inputs(scores),
+                        eval_inputs(hp, scores),
                     )
                 ],
                 eval_batch_size=self.eval_prompts,

@@ -15,6 +15,7 @@ from realrl.experiments.common import mfc
 from realrl.impl.interface.ppo_config import PPOHyperparameters
 from realrl.impl.interface.ppo_keys import (
     CRITIC_TRAIN_KEYS,
+    REF_LOGPROBS,
     actor_train_keys,
     advantage_inputs,
     advantage_outputs,
@@ -68,9 +69,9 @@ def ppo_mfcs(
 ) -> list[MFCDef]:
     """The PPO-family graph, top to bottom:
 
-        actor_gen -> {rew_inf, ref_inf, critic_inf?} -> compute_adv -> {actor_train, critic_train?}
+        actor_gen -> {rew_inf, ref_inf?, critic_inf?} -> compute_adv -> {actor_train, critic_train?}
 
-    With ReMax, ``actor_gen_greedy -> rew_inf_greedy`` adds the baseline's greedy answers and
+    ``ref_inf`` only where a KL term reads the reference (``hp.uses_reference``). With ReMax, ``actor_gen_greedy -> rew_inf_greedy`` adds the baseline's greedy answers and
     their scores; without a critic both critic calls go. A reward plugin also reads
     ``prompt_mask`` (``reward_inputs``) to split prompt from answer. ``scores``
     (``ppo_keys.score_keys``): with ``env_rewards`` generation writes each trajectory's
@@ -110,18 +111,19 @@ def ppo_mfcs(
                 mb.get("rew_inf"),
             )
         )
-    nodes += [
-        mfc(
-            "ref_inf",
-            "ref",
-            inf,
-            ifaces.actor,
-            n_seqs,
-            ("packed_input_ids",),
-            ("packed_ref_logprobs",),
-            mb.get("ref_inf"),
-        ),
-    ]
+    if hp.uses_reference:  # a KL term reads the reference policy's log-probs
+        nodes.append(
+            mfc(
+                "ref_inf",
+                "ref",
+                inf,
+                ifaces.actor,
+                n_seqs,
+                ("packed_input_ids",),
+                (REF_LOGPROBS,),
+                mb.get("ref_inf"),
+            )
+        )
     if hp.estimator.needs_baseline:
         greedy_out = tuple(GREEDY_KEYS[k] for k in reward_inputs)
         nodes += [

@@ -136,6 +136,35 @@ def test_every_experiment_builds_a_valid_graph_on_the_toy_task(name, tmp_path):
         assert graph.has_edge("rew_inf_greedy", "compute_adv")
 
 
+@pytest.mark.parametrize(
+    "overrides, reference",
+    [
+        ([], True),  # GRPO's KL loss (0.04) reads the reference
+        (["ppo_preset=dr_grpo"], False),  # no KL term at all: no reference model, no ref_inf
+        (["ppo_preset=dapo", "dynamic_sampling.enabled=false"], False),
+        (["ppo_preset=dr_grpo", "ppo.monitor_ref_kl=true"], True),  # kept for the statistic
+        (["ppo_preset=dr_grpo", "ppo.kl_loss_coef=0.01"], True),
+    ],
+)
+def test_the_reference_runs_only_where_a_kl_term_reads_it(tmp_path, overrides, reference):
+    cfg = build_config("grpo", [f"fileroot={tmp_path}", "dataset.valid_path=/data/v.jsonl", *overrides])
+    exp = cfg.initial_setup()
+    calls = {m.name for m in exp.mfcs}
+    assert ("ref_inf" in calls) == ("ref" in exp.models) == reference
+    reads = [m.name for m in [*exp.mfcs, *exp.eval_mfcs] if "packed_ref_logprobs" in m.input_keys]
+    assert bool(reads) == reference and ("ref_inf" in exp.eval_calls) == reference
+    assert ("ref" in cfg.unused_groups()) != reference  # the --help and ignored-option notes say so
+    build_graph(exp.mfcs, exp.dataset_keys())  # every input has a producer
+
+
+def test_a_kl_penalty_in_the_reward_reads_the_reference_even_from_a_coefficient_of_zero():
+    from realrl.impl.interface.ppo_config import PPOHyperparameters
+
+    assert PPOHyperparameters().uses_reference  # PPO's fixed penalty, 0.1
+    assert not PPOHyperparameters(kl_ctl=0.0).uses_reference
+    assert PPOHyperparameters(kl_ctl=0.0, adaptive_kl_ctl=True).uses_reference  # it may grow
+
+
 def test_ppo_top_p_and_top_k_set_the_sampling(tmp_path):
     cfg = build_config("ppo", [f"fileroot={tmp_path}", "ppo.top_p=0.9", "ppo.top_k=1000"])
     assert (cfg.ppo.gen.top_p, cfg.ppo.gen.top_k) == (0.9, 1000)

@@ -316,6 +316,29 @@ def test_overlong_shaping_through_compute_adv(tokenizer):
     assert (prepared.data["advantages"] == 0).all()
 
 
+def _without_reference(data: SequenceSample) -> SequenceSample:
+    return data.select([k for k in data.keys if k != "packed_ref_logprobs"])
+
+
+def test_without_a_kl_term_no_reference_is_read_and_none_reported(tokenizer):
+    gen = {**GEN, "n": 3}
+    free = iface("ppo_advantages", "dr_grpo", gen=gen)
+    assert not free.hp.uses_reference
+    with_ref, stats_with = free.inference(null_model(tokenizer), _hand_rollout())
+    alone, stats_alone = free.inference(null_model(tokenizer), _without_reference(_hand_rollout()))
+    for key in ("advantages", "ppo_loss_mask", "kl_rewards"):
+        torch.testing.assert_close(alone.data[key], with_ref.data[key])
+    assert (alone.data["kl_rewards"] == 0).all()
+    assert "ref_kl" not in stats_alone and "ref_kl" not in stats_with
+    # GRPO's KL loss reads the reference: a batch without it is refused, naming the key
+    kl_loss = iface("ppo_advantages", "grpo", gen=gen)
+    assert kl_loss.hp.uses_reference
+    with pytest.raises(Exception, match="packed_ref_logprobs"):
+        kl_loss.inference(null_model(tokenizer), _without_reference(_hand_rollout()))
+    _, stats = kl_loss.inference(null_model(tokenizer), _hand_rollout())
+    assert stats["ref_kl"] == pytest.approx(0.0)  # the hand rollout's reference is the policy
+
+
 def test_dapo_preset_shapes_the_last_fifth_of_the_budget():
     hp = make_ppo_hyperparameters(preset="dapo")
     assert hp.overlong_buffer_ratio == 0.2 and hp.overlong_penalty == 1.0

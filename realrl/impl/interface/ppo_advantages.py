@@ -28,7 +28,7 @@ from realrl.api.core.data_api import MicroBatchSpec, SequenceSample
 from realrl.api.core.model_api import SAMPLES_KEY, Model, ModelInterface, register_interface
 from realrl.impl.interface.common import INPUT_KEY, require_keys, token_minus_one_sample, token_sample
 from realrl.impl.interface.ppo_config import PPOHyperparameters, make_ppo_hyperparameters
-from realrl.impl.interface.ppo_keys import advantage_inputs, eval_inputs
+from realrl.impl.interface.ppo_keys import REF_LOGPROBS, advantage_inputs, eval_inputs
 from realrl.impl.interface.ppo_rollout import (
     overlong_penalties,
     resolve_token_id,
@@ -79,7 +79,9 @@ class AdvantageInterface(ModelInterface):
         cu = data.cu_seqlens(INPUT_KEY).to(ids.device)
         loss_mask = F.response_loss_mask(data.data["prompt_mask"], cu)
         old_logp = data.data["packed_logprobs"].float()
-        ref_logp = data.data["packed_ref_logprobs"].float()
+        # no KL term reads the reference (``uses_reference``): its log-probs are the policy's own,
+        # a KL of zero under a coefficient of zero
+        ref_logp = data.data[REF_LOGPROBS].float() if hp.uses_reference else old_logp
 
         # 1. scores
         score, stats = shape_scores(hp, data, truncate_id)
@@ -130,8 +132,10 @@ class AdvantageInterface(ModelInterface):
             advantages = F.whiten(advantages, shift_mean=True, mask=loss_mask)
         # 5. the controller and the value moments
         kl_coef = float(self.kl_ctl.value)  # what this batch was penalised with
-        mean_kl, n_seqs = rollout_kl(data)
-        self.kl_ctl.update(mean_kl, n_seqs)
+        if hp.uses_reference:
+            mean_kl, n_seqs = rollout_kl(data)
+            self.kl_ctl.update(mean_kl, n_seqs)
+            stats["ref_kl"] = mean_kl
         parts = [
             token_minus_one_sample(data, "advantages", advantages.float()),
             token_minus_one_sample(data, "ppo_loss_mask", loss_mask),
@@ -149,7 +153,6 @@ class AdvantageInterface(ModelInterface):
         n = cu.shape[0] - 1
         stats.update(
             kl_coef=kl_coef,
-            ref_kl=mean_kl,
             kl_coef_next=float(self.kl_ctl.value),
             kl_reward=float(kl_rewards.sum() / n),
             advantage_mean=float((advantages * loss_mask).sum() / n_tok),
@@ -183,13 +186,14 @@ class RolloutEvalInterface(ModelInterface):
         self.ppo = make_ppo_hyperparameters(self.ppo, self.preset)
 
     def inference(self, model: Model, data: SequenceSample, mb_spec: MicroBatchSpec | None = None):
-        require_keys(data, eval_inputs(tuple(self.scores)), "ppo_eval.inference")
+        require_keys(data, eval_inputs(self.ppo, tuple(self.scores)), "ppo_eval.inference")
         truncate_id = resolve_token_id(model.tokenizer, self.ppo.truncate_token, "truncate_token")
         _, stats = shape_scores(self.ppo, data, truncate_id)
         cu = data.cu_seqlens(INPUT_KEY)
         loss_mask = F.response_loss_mask(data.data["prompt_mask"], cu)
-        stats["ref_kl"], n = rollout_kl(data)
-        stats["response_length"] = float(loss_mask.float().sum() / n)
+        if self.ppo.uses_reference:
+            stats["ref_kl"], _ = rollout_kl(data)
+        stats["response_length"] = float(loss_mask.float().sum() / (cu.shape[0] - 1))
         stats["n_prompts"] = float(data.bs)
         return None, stats
 

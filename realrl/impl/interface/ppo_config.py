@@ -83,6 +83,10 @@ class PPOHyperparameters:
     adaptive_kl_ctl: bool = False
     adaptive_kl_target: float = 6.0
     adaptive_kl_horizon: float = 10000.0
+    # the reference policy's log-probs (one more model and forward a step) only where a KL term
+    # reads them, as TRL (beta=0) and verl (use_kl_loss, use_kl_in_reward) skip it; true computes
+    # them anyway for the ref_kl statistic
+    monitor_ref_kl: bool = False
 
     # advantages
     adv_estimator: str = "gae"  # a registered estimator (docs/algorithms.md lists them)
@@ -216,6 +220,12 @@ class PPOHyperparameters:
     @property
     def uses_critic(self) -> bool:
         return self.estimator.needs_critic
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the graph computes the reference policy's log-probs: a KL penalty in the reward
+        (fixed, or adaptive from any start), a KL loss, or ``monitor_ref_kl``."""
+        return bool(self.kl_ctl or self.adaptive_kl_ctl or self.kl_loss_coef or self.monitor_ref_kl)
 
     @property
     def clip_high(self) -> float:

@@ -13,16 +13,10 @@ ROLLOUT_KEYS = ("packed_input_ids", "packed_logprobs", "prompt_mask", "seq_no_eo
 # the scores an answer can have, summed into its reward: the reward call's (a reward model or
 # function) and, in multi-turn rollouts, its environment's step rewards, written by generation
 SCORE_KEYS = ("rewards", "env_rewards")
-# what the advantage computation reads besides the critic's values (and ReMax's baseline)
-ADVANTAGE_INPUTS = ROLLOUT_KEYS + ("packed_ref_logprobs", "rewards")
-# what the actor's update reads: old and reference log-probs, and the advantages
-ACTOR_TRAIN_KEYS = (
-    "packed_input_ids",
-    "packed_logprobs",
-    "packed_ref_logprobs",
-    "advantages",
-    "ppo_loss_mask",
-)
+# the reference policy's log-probs, where a KL term reads them (``PPOHyperparameters.uses_reference``)
+REF_LOGPROBS = "packed_ref_logprobs"
+# what the actor's update reads: old log-probs and the advantages (and the reference's, above)
+ACTOR_TRAIN_KEYS = ("packed_input_ids", "packed_logprobs", "advantages", "ppo_loss_mask")
 # what the critic's update reads: old values and targets in its head's units
 CRITIC_TRAIN_KEYS = ("packed_input_ids", "old_values", "returns", "ppo_loss_mask")
 # the version of the policy an answer was sampled with (training steps behind it): generation
@@ -50,13 +44,18 @@ def rollout_keys(hp: PPOHyperparameters, env: bool = False) -> tuple[str, ...]:
     return ROLLOUT_KEYS + versions + (("env_rewards",) if env else ()) + _replayed(hp)
 
 
-def eval_inputs(scores: tuple[str, ...] = ("rewards",)) -> tuple[str, ...]:
+def _reference(hp: PPOHyperparameters) -> tuple[str, ...]:
+    return (REF_LOGPROBS,) if hp.uses_reference else ()
+
+
+def eval_inputs(hp: PPOHyperparameters, scores: tuple[str, ...] = ("rewards",)) -> tuple[str, ...]:
     """What the evaluation of held-out rollouts reads."""
-    return ROLLOUT_KEYS + ("packed_ref_logprobs",) + tuple(scores)
+    return ROLLOUT_KEYS + _reference(hp) + tuple(scores)
 
 
 def actor_train_keys(hp: PPOHyperparameters) -> tuple[str, ...]:
-    return ACTOR_TRAIN_KEYS + ((BEHAV_VERSION,) if hp.decoupled_loss else ()) + _replayed(hp)
+    versions = (BEHAV_VERSION,) if hp.decoupled_loss else ()
+    return ACTOR_TRAIN_KEYS[:2] + _reference(hp) + ACTOR_TRAIN_KEYS[2:] + versions + _replayed(hp)
 
 
 def advantage_outputs(hp: PPOHyperparameters) -> tuple[str, ...]:
@@ -67,4 +66,4 @@ def advantage_outputs(hp: PPOHyperparameters) -> tuple[str, ...]:
 
 def advantage_inputs(hp: PPOHyperparameters, scores: tuple[str, ...] = ("rewards",)) -> tuple[str, ...]:
     extra = ("values",) if hp.uses_critic else ()
-    return eval_inputs(scores) + extra + (("baseline_rewards",) if hp.estimator.needs_baseline else ())
+    return eval_inputs(hp, scores) + extra + (("baseline_rewards",) if hp.estimator.needs_baseline else ())
