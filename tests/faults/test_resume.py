@@ -159,6 +159,17 @@ def test_a_pipelined_run_resumes_to_the_same_records_and_weights(fileroot):
 
 
 @pytest.mark.slow
+def test_a_compiled_run_resumes_compiled_to_the_same_records_and_weights(fileroot):
+    """SFT with the blocks compiled (``model.engine.compile=on``): the resumed process compiles
+    again (warm from the run's Inductor cache) and computes the same bits."""
+    cache = os.path.join(fileroot, ".inductor_cache")
+    compiled = ("model.engine.compile=on", f"model.engine.compile_cache_dir={cache}")
+    resumes_exactly("sft", fileroot, compiled, "compiled-")
+    with open(os.path.join(fileroot, "sft", "compiled-straight", "stats.jsonl")) as f:
+        assert json.loads(f.readline())["trainDefault/compile/graphs"] > 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rw", "dpo", "grpo"])
 def test_other_experiments_resume_to_the_same_records_and_weights(fileroot, name):
     resumes_exactly(name, fileroot)
