@@ -4,15 +4,18 @@ Same weights (a llama-like model, random init), 32 sequences of 16-128 tokens. "
 (non-pad) tokens for both, so the ratio is useful work per second. By default a ~16M-parameter
 model on CPU with 2 threads; ``--device cuda --size 1b`` runs a ~1.1B-parameter model in bf16 on a
 GPU (ReaLModel picks its CUDA varlen kernel, transformers its sdpa on the padded batch), and
-``--n-seqs/--min-len/--max-len`` set the batch.
+``--n-seqs/--min-len/--max-len`` set the batch. ``--compile`` adds a third side: the same
+ReaLModel with its blocks through ``torch.compile`` (``ReaLModel.compile_blocks``, what
+``engine.compile=on`` runs), timed after its one-off compilation, which is printed apart.
 
-    python benchmarks/bench_forward.py [--repeats 3] [--device cuda --size 1b --max-len 1024]
+    python benchmarks/bench_forward.py [--repeats 3] [--device cuda --size 1b --max-len 1024] [--compile]
     python benchmarks/bench_forward.py --smoke   # a ~0.2M-parameter model, 4 short sequences: seconds
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import tempfile
 import time
@@ -134,6 +137,7 @@ def best_times(fns: list, repeats: int, device: str = "cpu") -> list[tuple[float
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="add ReaLModel with compiled blocks")
     add_model_args(ap)
     args = parse_args(ap, argv, **SMOKE_MODEL)
     torch.set_num_threads(2)
@@ -148,11 +152,16 @@ def main(argv: list[str] | None = None) -> None:
     cu = cu.to(args.device)
     pids, pmask = (t.to(args.device) for t in pad_left(seqs))
 
-    def ours_step():
-        logits = ours(ids, cu)
-        loss = -gather_packed_shifted_log_probs(logits.float(), cu, ids).mean()
-        loss.backward()
-        ours.zero_grad(set_to_none=True)
+    def packed_step(model: ReaLModel):
+        def step():
+            logits = model(ids, cu)
+            loss = -gather_packed_shifted_log_probs(logits.float(), cu, ids).mean()
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        return step
+
+    ours_step = packed_step(ours)
 
     def hf_step():
         pos = (pmask.cumsum(-1) - 1).clamp(min=0)
@@ -171,6 +180,16 @@ def main(argv: list[str] | None = None) -> None:
         step()
         peaks.append(torch.cuda.max_memory_allocated() / 2**30 if args.device != "cpu" else 0.0)
     (w_ours, c_ours), (w_hf, c_hf) = best_times([ours_step, hf_step], args.repeats, args.device)
+    compiled = None
+    if args.compile:  # the same weights, its blocks compiled on the first step (timed apart)
+        twin = copy.deepcopy(ours)
+        blocks = twin.compile_blocks()
+        start = time.perf_counter()
+        packed_step(twin)()
+        sync(args.device)
+        compile_s = time.perf_counter() - start
+        ((w_comp, c_comp),) = best_times([packed_step(twin)], args.repeats, args.device)
+        compiled = (w_comp, c_comp, compile_s, blocks.stats()["compile/graphs"])
     where = (
         f"threads={torch.get_num_threads()}, {ours.attn_impl}"
         if args.device == "cpu"
@@ -186,6 +205,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'ReaLModel packed fwd+bwd':30s} {n_tokens / w_ours:14.0f} {n_tokens / c_ours:18.0f}")
     print(f"{'transformers padded fwd+bwd':30s} {n_tokens / w_hf:14.0f} {n_tokens / c_hf:18.0f}")
     print(f"{'ratio (ReaLModel / HF)':30s} {w_hf / w_ours:13.2f}x {c_hf / c_ours:17.2f}x")
+    if compiled is not None:
+        w_comp, c_comp, compile_s, graphs = compiled
+        print(f"{'ReaLModel compiled fwd+bwd':30s} {n_tokens / w_comp:14.0f} {n_tokens / c_comp:18.0f}")
+        print(f"{'ratio (compiled / ReaLModel)':30s} {w_ours / w_comp:13.2f}x {c_ours / c_comp:17.2f}x")
+        print(f"{'ratio (compiled / HF)':30s} {w_hf / w_comp:13.2f}x {c_hf / c_comp:17.2f}x")
+        print(f"one-off compile: {compile_s:.1f} s (first step, {graphs:.0f} graphs)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """benchmarks/bench_train.py --compile at tiny sizes (``--smoke``): the TrainEngine with its blocks
 compiled trains beside the eager one, computes the same first-step loss, and reports its
-throughput, the ratio and the one-off compile seconds. Compiling takes tens of seconds on a loaded
-CPU, so this runs under ``-m slow``; the plain script's smoke test runs by default."""
+throughput, the ratio and the one-off compile seconds; and bench_forward.py --compile, the packed
+forward and backward with compiled blocks beside the eager one and transformers'. Compiling takes
+tens of seconds on a loaded CPU, so these run under ``-m slow``; the plain scripts' smoke tests
+run by default."""
 
 from __future__ import annotations
 
@@ -21,3 +23,14 @@ def test_bench_train_compile(tmp_path):
         out,
     )
     assert float(ratio) > 0 and float(seconds) > 0 and int(graphs) > 0, out
+
+
+@pytest.mark.slow
+def test_bench_forward_compile(tmp_path):
+    out = run_bench("bench_forward.py", tmp_path, "--device", "cpu", "--compile", timeout=600)
+    ((wall, cpu),) = figures(rf"^ReaLModel compiled fwd\+bwd\s+({NUMBER})\s+({NUMBER})$", out)
+    assert float(wall) > 0 and float(cpu) > 0, out
+    for versus in ("ReaLModel", "HF"):
+        figures(rf"^ratio \(compiled / {versus}\)\s+({NUMBER})x\s+({NUMBER})x$", out)
+    ((seconds, graphs),) = figures(rf"^one-off compile: ({NUMBER}) s \(first step, ({NUMBER}) graphs\)$", out)
+    assert float(seconds) > 0 and int(graphs) > 0, out
