@@ -2,7 +2,8 @@
 
 Each block is compiled, not the whole ``ReaLModel``: a packed batch's token count changes every
 call, so the token dimension is dynamic and one set of graphs serves every batch. The same holds
-for a pipeline stage's blocks and for blocks whose weights tensor parallelism or FSDP split. What stays eager:
+for a pipeline stage's blocks and for blocks whose weights tensor parallelism or FSDP split.
+What stays eager:
 
 - the attention itself (``PackedContext.attend``: the ``cpu_varlen`` C kernel, the CUDA varlen
   kernels, SDPA), behind a graph break (``transformer_block.eager_attend``), so results stay exact;
