@@ -53,6 +53,9 @@ class BenchSpec:
     # realrl's model workers (allocation d<workers>: every model data-parallel over them, the
     # batch split between them); TRL runs one process
     workers: int = 1
+    # realrl's trained model with its blocks through torch.compile (engine.compile=on), Inductor's
+    # cache under the bench folder: a benchmark's first round compiles cold, later ones warm
+    compile: bool = False
 
     @classmethod
     def sized(cls, fileroot: str, smoke: bool = False, **fields) -> BenchSpec:

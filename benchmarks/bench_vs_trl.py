@@ -18,7 +18,7 @@ RM, chosen + rejected of each pair; GRPO, generated tokens + tokens trained on (
 prompt + answer). Held-out scores come from ONE evaluator (realrl's toy evaluation) reading
 both sides' saved HF folders.
 
-    python benchmarks/bench_vs_trl.py [--quick] [--rounds 3] [--steps N] [--tasks rw,grpo] [--threads 1]
+    python benchmarks/bench_vs_trl.py [--quick] [--rounds 3] [--steps N] [--tasks rw,grpo] [--threads 1] [--compile]
     python benchmarks/bench_vs_trl.py --smoke   # both sides, both tasks: 2 steps of a few sequences
 """
 
@@ -127,6 +127,7 @@ def combine_rounds(rounds: list[dict]) -> dict:
         if vals:
             out[key] = statistics.median(vals)
     out["round_step_s"] = [r["step_s"] for r in rounds]
+    out["round_compile_s"] = [r.get("compile_s", 0.0) for r in rounds]
     return out
 
 
@@ -179,6 +180,21 @@ def grpo_breakdown(res: dict[str, dict], spec: BenchSpec) -> list[tuple[str, str
             f"{first:.3f} / {rest:.3f} (x{updates - 1})",
         ),
         ("realrl actor_train per update, s", f"{train / updates:.3f} (x{updates})"),
+    ]
+
+
+def compile_rows(res: dict[str, dict], steps: int) -> list[tuple[str, str]]:
+    """What compiling realrl's model cost once (each round), and the step with that cost spread
+    over the run's steps against TRL's."""
+    rounds = [f"{s:.1f}" for s in res["realrl"]["round_compile_s"]]
+    once = res["realrl"]["round_compile_s"][0]  # the first round compiles cold
+    amortised = res["realrl"]["step_s"] + once / steps
+    return [
+        ("realrl one-off compile per round (first cold, then warm from the cache), s", " / ".join(rounds)),
+        (
+            f"realrl step with the cold compile spread over {steps} steps, s",
+            f"{amortised:.3g} ({res['trl']['step_s'] / amortised:.2f}x TRL's step)",
+        ),
     ]
 
 
@@ -276,6 +292,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--trl-threads", type=int, default=None, help="TRL's torch threads (default: --threads)"
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="realrl's trained model with engine.compile=on; adds the one-off compile and the step"
+        " with it amortised over the run's steps",
+    )
     parser.add_argument("--child", nargs=4, metavar=("SIDE", "TASK", "SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parse_args(parser, argv, steps=2, rounds=1, eval_prompts=16)
     if args.child:
@@ -290,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         grpo_steps=8,
         init=args.init,
         workers=args.workers,
+        compile=args.compile,
     )
     threads = {"realrl": args.threads, "trl": args.threads if args.trl_threads is None else args.trl_threads}
     if args.quick:
@@ -366,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
                 ", ".join(f"{k} {v:.3f}" for k, v in mfc.items()) + f"; step {res['realrl']['step_s']:.3f}",
             )
         )
+        if spec.compile:
+            extra += compile_rows(res, spec.rw_steps if task == "rw" else spec.grpo_steps)
         reports.append(table(task, res, extra))
         for side in SIDES:
             res[side].pop("records", None)

@@ -64,6 +64,35 @@ def test_training_matches_eager_without_recompiling(kind, tmp_path):
     assert compiled.compiled_blocks.stats()["compile/seconds"] > 0
 
 
+def test_shared_prefix_batches_with_kept_rows_match_eager_without_recompiling(tmp_path):
+    """Pairs sharing their prompts (``prefix_groups``, as reward modeling packs them), the last
+    token of each kept (``output_index``): other counts of tokens, pairs and rows compile nothing new."""
+    eager, compiled = _pair("llama", tmp_path)
+    eager.train(), compiled.train()
+    graphs = []
+    for n_pairs, prompt in ((2, 6), (3, 9)):
+        g = torch.Generator().manual_seed(n_pairs)
+        seqs = []
+        for _ in range(n_pairs):
+            shared = torch.randint(2, VOCAB, (prompt,), generator=g)
+            seqs += [torch.cat([shared, torch.randint(2, VOCAB, (k,), generator=g)]) for k in (3, 5)]
+        ids = torch.cat(seqs)
+        cu = torch.tensor([0, *torch.tensor([len(s) for s in seqs]).cumsum(0).tolist()], dtype=torch.int32)
+        last = cu[1:].long() - 1
+        outs = []
+        for model in (eager, compiled):
+            model.zero_grad(set_to_none=True)
+            out = model(ids, cu, output_index=last, prefix_groups=[2] * n_pairs)
+            out.square().sum().backward()
+            outs.append((out.detach(), _grads(model)))
+        (a, grads_a), (b, grads_b) = outs
+        torch.testing.assert_close(b, a, atol=ATOL, rtol=1e-5)
+        for name in grads_a:
+            torch.testing.assert_close(grads_b[name], grads_a[name], atol=ATOL, rtol=1e-4, msg=name)
+        graphs.append(compiled.compiled_blocks.stats()["compile/graphs"])
+    assert graphs[1] == graphs[0], f"another batch compiled {graphs[1] - graphs[0]} more graphs"
+
+
 @pytest.mark.slow
 def test_inference_matches_eager(tmp_path):
     eager, compiled = _pair("llama", tmp_path)

@@ -58,6 +58,9 @@ class CompiledBlocks:
             # past DTensor's own backward, which then receives a plain tensor; a copy cuts the alias
             x = x.clone()
         mark_token_dim(x, *(rope or ()), keep)
+        shared = getattr(ctx, "shared", None)  # shared-prefix packing: maps between token counts
+        if shared is not None:
+            mark_token_dim(shared.expand, shared.represent)
         before = graph_count()
         start = time.perf_counter()
         out = self._fn(layer, x, rope, ctx, keep)
