@@ -30,7 +30,7 @@ from realrl.apps.overrides import (
 from realrl.base import plugins
 from realrl.base.registry import UnknownNameError
 from realrl.experiments.tasks import DEFAULT_TASK, EmbeddedTask, get_task, task_names
-from realrl.impl.interface.ppo_config import PRESET_EXPERIMENT_OPTIONS, PRESETS
+from realrl.impl.interface.ppo_presets import PRESET_EXPERIMENT_OPTIONS, PRESETS
 
 DATA_PATH_KEYS = ("dataset.train_path", "dataset.path")
 PRESET_KEY = "ppo_preset"

@@ -19,7 +19,7 @@ from typing import Any
 
 from realrl.api.quickstart.entrypoint import get_quickstart_exp, quickstart_experiments
 from realrl.experiments.tasks import DEFAULT_TASK, get_task, task_names
-from realrl.impl.interface.ppo_config import PRESETS
+from realrl.impl.interface.ppo_presets import PRESETS
 
 WIDTH = 100  # prose paragraphs wrap here; one-line descriptions are never cut
 _MARKUP = re.compile(r"``(.+?)``|(?<![\w`])`([^`]+)`(?![\w`])")

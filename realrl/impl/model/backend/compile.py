@@ -3,7 +3,7 @@
 The model does the compiling (``ReaLModel.compile_blocks``, ``nn/compiled_blocks.py``); this
 module decides whether it applies, points Inductor's cache at the run's files so a second run
 starts warm, and says so in one log line. It applies to a whole model and to a pipeline stage,
-whole or split by tensor parallelism or FSDP; a module without ``compile_blocks`` runs eagerly,
+whole or split by tensor parallelism or FSDP; a module without ``compiled_blocks`` runs eagerly,
 with a warning.
 """
 
@@ -15,6 +15,7 @@ import torch
 
 from realrl.base import logging
 from realrl.impl.model.backend.config import EngineConfig
+from realrl.impl.model.nn.compiled_blocks import compile_blocks
 
 logger = logging.getLogger("compile")
 
@@ -53,7 +54,7 @@ def compile_module(
         os.environ[CACHE_ENV] = os.path.abspath(config.compile_cache_dir)
     else:  # a cache named in the environment wins over the default
         os.environ.setdefault(CACHE_ENV, os.path.abspath(DEFAULT_CACHE_DIR))
-    blocks = module.compile_blocks()
+    blocks = compile_blocks(module)
     logger.info(
         "engine.compile=%s: %d blocks of %s compiled on first use (token dimension dynamic), "
         "Inductor cache %s; compile/graphs and compile/seconds in the train stats",
@@ -66,6 +67,6 @@ def compile_module(
 
 
 def _why_eager(module: torch.nn.Module) -> str:
-    if not hasattr(module, "compile_blocks"):
-        return f"{type(module).__name__} offers no compile_blocks()"
+    if not hasattr(module, "compiled_blocks"):
+        return f"{type(module).__name__} has no blocks to compile (no compiled_blocks attribute)"
     return ""

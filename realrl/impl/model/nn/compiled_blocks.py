@@ -75,6 +75,19 @@ class CompiledBlocks:
         }
 
 
+def compile_blocks(module: torch.nn.Module) -> CompiledBlocks:
+    """``module``'s blocks (a ``ReaLModel``'s or a pipeline stage's, each holding a
+    ``compiled_blocks`` attribute) through ``torch.compile`` from now on."""
+    if module.compiled_blocks is None:
+        module.compiled_blocks = CompiledBlocks()
+    return module.compiled_blocks
+
+
+def block_runner(compiled: CompiledBlocks | None, ctx: Any):
+    """What runs each block under ``ctx``: the compiled blocks where they apply, else the eager call."""
+    return compiled if compiled is not None and compiled.applies(ctx) else call_block
+
+
 def mark_token_dim(*tensors: torch.Tensor | None) -> None:
     """Dimension 0 (tokens, or rows kept) of each tensor varies from call to call: one graph for
     every count. Called on a block's inputs and on what its eager parts (attention, experts) hand

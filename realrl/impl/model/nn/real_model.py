@@ -18,7 +18,7 @@ from realrl.impl.model.modules.kv_cache import PackedContext
 from realrl.impl.model.modules.norm import make_norm
 from realrl.impl.model.modules.rotary import RotaryEmbedding
 from realrl.impl.model.modules.shared_prefix import SharedPrefixes
-from realrl.impl.model.nn.compiled_blocks import CompiledBlocks, call_block
+from realrl.impl.model.nn.compiled_blocks import CompiledBlocks, block_runner, compile_blocks
 from realrl.impl.model.nn.moe_stats import RouterLog, attach_router_stats
 from realrl.impl.model.nn.router_replay import ExpertRouting
 from realrl.impl.model.nn.transformer_block import TransformerBlock
@@ -174,9 +174,7 @@ class ReaLModel(nn.Module):
         # replaying every token's, the last layer computes every row too
         routed = getattr(ctx, "router_log", None) is not None or getattr(ctx, "routing", None) is not None
         last = len(self.layers) - 1
-        run = self.compiled_blocks
-        if run is None or not run.applies(ctx):
-            run = call_block
+        run = block_runner(self.compiled_blocks, ctx)
         for i, layer in enumerate(self.layers):
             x = run(layer, x, rope, ctx, output_index if i == last and not routed else None)
         if (routed or not self.layers) and output_index is not None:
@@ -186,9 +184,7 @@ class ReaLModel(nn.Module):
     def compile_blocks(self) -> CompiledBlocks:
         """Run the blocks of packed forwards (training, inference) through ``torch.compile`` from
         now on (``nn/compiled_blocks.py``); prefill and decoding stay eager."""
-        if self.compiled_blocks is None:
-            self.compiled_blocks = CompiledBlocks()
-        return self.compiled_blocks
+        return compile_blocks(self)
 
     def packed_context(
         self,

@@ -35,7 +35,7 @@ from realrl.api.core.data_api import SequenceSample
 from realrl.api.core.model_size import stage_layers
 from realrl.impl.model.modules.attention import PackedMeta, activation_dtype, resolve_attn_impl
 from realrl.impl.model.modules.kv_cache import PackedContext
-from realrl.impl.model.nn.compiled_blocks import CompiledBlocks, call_block
+from realrl.impl.model.nn.compiled_blocks import CompiledBlocks, block_runner
 from realrl.impl.model.nn.moe_stats import RouterLog, attach_router_stats
 from realrl.impl.model.nn.real_model import reset_critic_head
 
@@ -102,7 +102,7 @@ class PipelineStage(nn.Module):
         self.base_path = getattr(model, "base_path", None)
         self.critic_head_seed = getattr(model, "critic_head_seed", 0)
         self.critic_head_init = getattr(model, "critic_head_init", "reward")
-        self.compiled_blocks: CompiledBlocks | None = None  # set by ``compile_blocks``
+        self.compiled_blocks: CompiledBlocks | None = None  # set by ``compiled_blocks.compile_blocks``
 
     @classmethod
     def of(cls, model: nn.Module, stage: int, n_stages: int) -> PipelineStage:
@@ -221,19 +221,10 @@ class PipelineStage(nn.Module):
         rope = None
         if self.rotary is not None:
             rope = self.rotary(ctx.positions, ctx.max_position, activation_dtype(x.dtype, x.device))
-        run = self.compiled_blocks
-        if run is None or not run.applies(ctx):
-            run = call_block
+        run = block_runner(self.compiled_blocks, ctx)
         for layer in self.layers.values():
             x = run(layer, x, rope, ctx, None)
         return x
-
-    def compile_blocks(self) -> CompiledBlocks:
-        """This stage's blocks of packed forwards through ``torch.compile``, as a whole model's
-        (``ReaLModel.compile_blocks``); prefill and decoding stay eager."""
-        if self.compiled_blocks is None:
-            self.compiled_blocks = CompiledBlocks()
-        return self.compiled_blocks
 
     def outputs(self, x: torch.Tensor) -> torch.Tensor:
         """The last stage's final norm and head: logits (a critic's values)."""
