@@ -18,7 +18,8 @@ RM, chosen + rejected of each pair; GRPO, generated tokens + tokens trained on (
 prompt + answer). Held-out scores come from ONE evaluator (realrl's toy evaluation) reading
 both sides' saved HF folders.
 
-    python benchmarks/bench_vs_trl.py [--quick] [--rounds 3] [--steps N] [--tasks rw,grpo] [--threads 1] [--compile]
+    python benchmarks/bench_vs_trl.py [--quick] [--rounds 3] [--steps N] [--tasks rw,grpo] [--threads 1]
+        [--compile]
     python benchmarks/bench_vs_trl.py --smoke   # both sides, both tasks: 2 steps of a few sequences
 """
 

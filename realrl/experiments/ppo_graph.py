@@ -71,11 +71,12 @@ def ppo_mfcs(
 
         actor_gen -> {rew_inf, ref_inf?, critic_inf?} -> compute_adv -> {actor_train, critic_train?}
 
-    ``ref_inf`` only where a KL term reads the reference (``hp.uses_reference``). With ReMax, ``actor_gen_greedy -> rew_inf_greedy`` adds the baseline's greedy answers and
-    their scores; without a critic both critic calls go. A reward plugin also reads
-    ``prompt_mask`` (``reward_inputs``) to split prompt from answer. ``scores``
-    (``ppo_keys.score_keys``): with ``env_rewards`` generation writes each trajectory's
-    environment reward; without ``rewards`` there is no reward call."""
+    ``ref_inf`` only where a KL term reads the reference (``hp.uses_reference``). With ReMax,
+    ``actor_gen_greedy -> rew_inf_greedy`` adds the baseline's greedy answers and their scores;
+    without a critic both critic calls go. A reward plugin also reads ``prompt_mask``
+    (``reward_inputs``) to split prompt from answer. ``scores`` (``ppo_keys.score_keys``): with
+    ``env_rewards`` generation writes each trajectory's environment reward; without ``rewards``
+    there is no reward call."""
     hp = hp or PPOHyperparameters()
     ifaces = ifaces or PPOInterfaces.of(hp)
     mb = mb_specs or {}

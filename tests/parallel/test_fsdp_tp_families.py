@@ -7,9 +7,10 @@ global batch.
 Each model takes the path a model worker takes: a checkpoint loaded already split over tp, then
 the backends' ``parallelize`` adds FSDP. A whole model split by ``parallelize`` itself (random
 weights) runs too. qwen3's per-head q/k norms are the case that needs care: each tp rank sees only
-its heads, so their gradient is a sum over the tp ranks that no wrapping may lose. The split-vocabulary
-case runs again with its FSDP engine with ``engine.compile=on`` (compiled blocks of DTensor weights) against the
-eager whole model. All cases run in one spawn of 4 processes: starting processes costs more than the models.
+its heads, so their gradient is a sum over the tp ranks that no wrapping may lose. The
+split-vocabulary case runs again with its FSDP engine compiled (``engine.compile=on``: blocks of
+DTensor weights through torch.compile) against the eager whole model. All cases run in one spawn
+of 4 processes: starting processes costs more than the models.
 """
 
 from __future__ import annotations
